@@ -1,0 +1,55 @@
+"""The `yuzu_gw` schema: every key of every area, in documentation order.
+
+An area module declares its keys as constants (for `config[KEY]`) and lists them in `KEYS`;
+this package joins the areas into one closed `Schema`. A new area is one import and one
+entry in `AREAS`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from gateway.config.keys import (
+    breaker,
+    cluster,
+    heartbeat,
+    listeners,
+    mgmt,
+    node,
+    replay,
+    router,
+    sessions,
+    upstream,
+)
+from gateway.config.schema import DeadKeys, Schema
+
+SECTION = "yuzu_gw"
+
+AREAS: tuple[ModuleType, ...] = (
+    node,
+    listeners,
+    upstream,
+    breaker,
+    replay,
+    heartbeat,
+    router,
+    sessions,
+    cluster,
+    mgmt,
+)
+
+# Keys old configs carry that nothing has read for several releases; the manual says they are
+# "left alone", so they must not trip the closed-set refusal.
+DEAD_KEYS = DeadKeys(
+    names=frozenset({"tls"}),
+    prefixes=("agent_listen_", "mgmt_listen_"),
+    doc="`agent_listen_*` and `mgmt_listen_*` (replaced by grpc_listeners) and `tls` (removed"
+    " in PKI PR5)",
+)
+
+SCHEMA = Schema(
+    section=SECTION,
+    keys=tuple(key for area in AREAS for key in area.KEYS),
+    dead=DEAD_KEYS,
+    no_effect_env=upstream.NO_EFFECT_ENV,
+)

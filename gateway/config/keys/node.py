@@ -1,0 +1,78 @@
+"""Keys of the node itself: its name, its HTTP endpoints, the metrics cadence, the stop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.config.converters import IntRange, NodeName
+from gateway.config.schema import Key, NameOrigin, Refuse
+from gateway.config.terms import Atom
+
+AREA = "node"
+
+# 0 is allowed so a test can ask the kernel for a free port and read back the one it got.
+PORT = IntRange(0, 65535, note="0 picks a free port")
+
+NODE_NAME: Key[str | None] = Key(
+    name="node_name",
+    default=Atom("undefined"),
+    convert=NodeName(),
+    read_when="boot",
+    doc="This node's name, name@host; sent upstream as gateway_node. Wins over vm.args.",
+    area=AREA,
+    # A node that starts under a name it was not given joins the wrong cluster identity and
+    # reports the wrong gateway_node upstream; refuse rather than guess.
+    on_bad=Refuse("invalid_node_name"),
+    origin=NameOrigin.OURS,
+    default_doc="the -name (or -sname) of vm.args",
+)
+
+HEALTH_PORT: Key[int] = Key(
+    name="health_port",
+    default=8081,
+    convert=PORT,
+    read_when="boot, when the health endpoint starts",
+    doc="HTTP port of /healthz and /readyz (fixed in the Erlang gateway, a setting here).",
+    area=AREA,
+    origin=NameOrigin.OURS,
+)
+
+PROMETHEUS_PORT: Key[int] = Key(
+    name="prometheus_port",
+    default=9568,
+    convert=PORT,
+    read_when="boot, when the metrics endpoint starts",
+    doc="HTTP port of the Prometheus /metrics endpoint.",
+    area=AREA,
+    our_choices=("valid values", "bad value"),
+)
+
+TELEMETRY_GAUGE_INTERVAL_MS: Key[int] = Key(
+    name="telemetry_gauge_interval_ms",
+    default=10000,
+    convert=IntRange(100, 3_600_000),
+    read_when="start of the gauge process",
+    doc="Agent gauge emission interval; also the cadence of the heartbeat-rejection summary line.",
+    area=AREA,
+    our_choices=("valid values", "bad value"),
+)
+
+SHUTDOWN_FLUSH_BUDGET_MS: Key[int] = Key(
+    name="shutdown_flush_budget_ms",
+    default=20000,
+    convert=IntRange(1, 3_600_000),
+    read_when="at a planned stop",
+    doc="Time a planned stop spends telling the server about the sessions it gives up. Must"
+    " fit inside the stop timeout (compose stop_grace_period 40s, systemd TimeoutStopSec=40)."
+    "",
+    area=AREA,
+    our_choices=("valid values", "bad value"),
+)
+
+KEYS: tuple[Key[Any], ...] = (
+    NODE_NAME,
+    HEALTH_PORT,
+    PROMETHEUS_PORT,
+    TELEMETRY_GAUGE_INTERVAL_MS,
+    SHUTDOWN_FLUSH_BUDGET_MS,
+)

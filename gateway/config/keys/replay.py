@@ -1,0 +1,92 @@
+"""Keys of registration replay and of held stream-status notifications ("Upstream client
+tuning"). The manual gives each a default and "an invalid value falls back to the default
+with a warning naming the key", but no bounds: the bounds are ours."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.config.converters import IntRange
+from gateway.config.schema import Key
+
+AREA = "replay"
+_START = "upstream client start"
+_MS = IntRange(1, 3_600_000)
+
+
+def _tuning(name: str, default: int, convert: IntRange, doc: str) -> Key[int]:
+    return Key(
+        name=name,
+        default=default,
+        convert=convert,
+        read_when=_START,
+        doc=doc,
+        area=AREA,
+        our_choices=("valid values",),
+    )
+
+
+REGISTRATION_REPLAY_SESSION_GUARD_MS = _tuning(
+    "registration_replay_session_guard_ms",
+    10000,
+    IntRange(0, 3_600_000),
+    "A session younger than this is not replayed. Advice: at least 5000 plus the replay RPC time.",
+)
+REGISTRATION_REPLAY_QUEUE_MAX = _tuning(
+    "registration_replay_queue_max",
+    10000,
+    IntRange(1, 1_000_000),
+    "Cap of the replay queue (caps verdict appends only).",
+)
+REGISTRATION_REPLAY_SPACING_MS = _tuning(
+    "registration_replay_spacing_ms", 20, IntRange(0, 60000), "Gap between replays of the drip."
+)
+REGISTRATION_REPLAY_START_JITTER_MS = _tuning(
+    "registration_replay_start_jitter_ms",
+    1000,
+    IntRange(0, 60000),
+    "Upper bound of the random delay before a replay starts.",
+)
+NOTIFY_PROBE_TIMEOUT_MS = _tuning(
+    "notify_probe_timeout_ms",
+    15000,
+    IntRange(100, 3_600_000),
+    "Deadline of the half-open probe. Below about 5000 it kills probes that would have answered.",
+)
+NOTIFY_UNACKED_RETRY_BASE_MS = _tuning(
+    "notify_unacked_retry_base_ms",
+    1000,
+    _MS,
+    "First resend delay of a notification the server did not record.",
+)
+NOTIFY_UNACKED_RETRY_MAX_MS = _tuning(
+    "notify_unacked_retry_max_ms", 60000, _MS, "Cap of that resend delay."
+)
+NOTIFY_UNACKED_SLOW_AFTER_MS = _tuning(
+    "notify_unacked_slow_after_ms",
+    900000,
+    _MS,
+    "After this long unrecorded, a CONNECTED notice is resent slowly.",
+)
+NOTIFY_UNACKED_SLOW_MAX_MS = _tuning(
+    "notify_unacked_slow_max_ms", 600000, _MS, "Cap of the slow resend delay."
+)
+NOTIFY_UNACKED_DISCONNECTED_WINDOW_MS = _tuning(
+    "notify_unacked_disconnected_window_ms",
+    120000,
+    _MS,
+    "How long an unrecorded DISCONNECTED notice is resent.",
+)
+
+KEYS: tuple[Key[Any], ...] = (
+    REGISTRATION_REPLAY_SESSION_GUARD_MS,
+    REGISTRATION_REPLAY_QUEUE_MAX,
+    REGISTRATION_REPLAY_SPACING_MS,
+    REGISTRATION_REPLAY_START_JITTER_MS,
+    NOTIFY_PROBE_TIMEOUT_MS,
+    NOTIFY_UNACKED_RETRY_BASE_MS,
+    NOTIFY_UNACKED_RETRY_MAX_MS,
+    NOTIFY_UNACKED_SLOW_AFTER_MS,
+    NOTIFY_UNACKED_SLOW_MAX_MS,
+    NOTIFY_UNACKED_DISCONNECTED_WINDOW_MS,
+)
