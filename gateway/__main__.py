@@ -1,0 +1,68 @@
+"""`python -m gateway`: boot one node in the foreground (what `rel/yuzu_gw foreground`
+execs). Exit status 0 after a planned stop, 1 when boot is refused, 2 when the tree gave
+up (the root supervisor reached its restart intensity)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from gateway.boot import prepare
+from gateway.logs import configure_logging
+from gateway.node import Node
+from gateway.refusal import BootRefused, log_refusal
+
+log = logging.getLogger("yuzu_gw.boot")
+
+EXIT_STOPPED = 0
+EXIT_REFUSED = 1
+EXIT_TREE_ENDED = 2
+
+
+async def serve(node: Node) -> int:
+    loop = asyncio.get_running_loop()
+    await node.start()
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    ended = loop.create_task(node.wait())
+    requested = loop.create_task(stop_requested.wait())
+    await asyncio.wait({ended, requested}, return_when=asyncio.FIRST_COMPLETED)
+    if requested.done():
+        log.info("planned stop requested")
+        await node.stop()
+        ended.cancel()
+        return EXIT_STOPPED
+    requested.cancel()
+    return EXIT_STOPPED if ended.result().is_normal else EXIT_TREE_ENDED
+
+
+def run(env: Mapping[str, str]) -> int:
+    configure_logging(env)
+    try:
+        ctx = prepare(env)
+        node = Node(ctx)
+        return _run_loop(serve(node))
+    except BootRefused as refused:
+        log_refusal(refused)
+        return EXIT_REFUSED
+
+
+def _run_loop(main: object) -> int:
+    try:
+        import uvloop  # noqa: PLC0415  (optional: a faster loop where it installs)
+    except ImportError:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    return uvloop.run(main)  # type: ignore[arg-type]
+
+
+def main() -> None:
+    sys.exit(run(os.environ))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Container entrypoint: the node runs as PID 1 through `exec`, so `docker stop`'s SIGTERM is
+# its planned stop. Give the container a stop grace period of 40 s (`stop_grace_period: 40s`,
+# seed "Stop timeout coupling"): Docker's default of 10 s kills the node mid-flush.
+#
+#   docker run ... image                       -> foreground node
+#   docker exec -it CONTAINER rel/yuzu_gw remote_console | ping | eval EXPR | status
+#
+# Anything else given as the command runs as `rel/yuzu_gw ARGS` (`ping` for a health check).
+set -euo pipefail
+
+here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
+# One node per container; its run directory is container-local unless a volume is mounted.
+export YUZU_GW_RUN_DIR=${YUZU_GW_RUN_DIR:-/var/run/yuzu-gateway}
+
+if [[ $# -eq 0 || $1 == foreground ]]; then
+    if [[ -z "${YUZU_GW_COOKIE:-}" ]]; then
+        # Allowed for a trial (a fresh cookie appears in the run directory), wrong for a
+        # cluster: every node must share one cookie, so pass YUZU_GW_COOKIE in production.
+        echo "entrypoint: YUZU_GW_COOKIE unset; a cookie is generated for this container" >&2
+    fi
+    exec "$here/yuzu_gw" foreground
+fi
+exec "$here/yuzu_gw" "$@"
