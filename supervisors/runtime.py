@@ -148,6 +148,9 @@ class LoopSystemBase:
         self._names: dict[str, Address] = {}
         self._tables: dict[str, Table[Any, Any]] = {}
         self._waiters: dict[int, asyncio.Future[Any]] = {}
+        # Callback monitors (asks, stops) by id -> the monitored address, so that
+        # `demonitor` after every `ask` is O(1) rather than a scan of every actor.
+        self._callback_monitors: dict[int, Address] = {}
         self._ids = itertools.count(1)
         self._monitor_ids = itertools.count(1)
         self._runq: deque[ActorRef] = deque()
@@ -361,12 +364,21 @@ class LoopSystemBase:
         if parent is None:
             self._primaries.pop(ref.address, None)
             for hook in list(self.primary_exit_hooks):
-                hook(ref.address, reason)
+                self._run_hook(hook, ref.address, reason)
         else:
             if parent.children is not None:
                 parent.children.pop(ref.address, None)
             if notify_parent:
                 self.send(SYSTEM_ADDRESS, parent.address, ChildExited(ref.address, reason))
+
+    @staticmethod
+    def _run_hook(hook: Callable[..., None], *args: Any) -> None:
+        """Run code from outside the actor world (a monitor callback, an exit hook): if it
+        raises, the scheduler must go on, and the log gets the class and frame only."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            crash_log.error("exit hook raised: %s", ExitReason.crash(exc))
 
     def _release(self, ref: ActorRef) -> None:
         """Cancel what the actor owned: timers, workers, tables, its name."""
@@ -401,7 +413,8 @@ class LoopSystemBase:
                         watcher_ref.monitoring.pop(mid, None)
                     self.send(SYSTEM_ADDRESS, watcher, ActorDown(ref.address, reason, mid))
                 else:
-                    watcher(reason)
+                    self._callback_monitors.pop(mid, None)
+                    self._run_hook(watcher, reason)
             ref.monitors = None
 
     def shutdown(self) -> None:
@@ -450,21 +463,20 @@ class LoopSystemBase:
         if target_ref.monitors is None:
             target_ref.monitors = {}
         target_ref.monitors[mid] = callback
+        self._callback_monitors[mid] = target
         return mid
 
     def demonitor(self, mid: int, watcher: ActorRef | None = None) -> None:
         target: Address | None = None
         if watcher is not None and watcher.monitoring:
             target = watcher.monitoring.pop(mid, None)
+        if target is None:
+            # A callback monitor (every `ask` ends with one), or one that already fired.
+            target = self._callback_monitors.pop(mid, None)
         if target is not None:
             target_ref = self._refs.get(target._aaddr)
             if target_ref is not None and target_ref.monitors:
                 target_ref.monitors.pop(mid, None)
-            return
-        # A callback monitor: find it on whichever actor holds it (rare path).
-        for ref in self._refs.values():
-            if ref.monitors and ref.monitors.pop(mid, None) is not None:
-                return
 
     # -- timers and workers ----------------------------------------------------------
     def wakeup_after(
@@ -538,6 +550,11 @@ class LoopSystemBase:
 
     def primaries(self) -> list[Address]:
         return list(self._primaries)
+
+    @property
+    def idle(self) -> bool:
+        """No actor has mail and no tick is pending."""
+        return not self._runq and not self._tick_pending
 
     def __len__(self) -> int:
         return len(self._refs)

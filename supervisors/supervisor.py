@@ -262,6 +262,10 @@ class Supervisor(Process):
     def _start(self, child: _Child) -> ExitReason | None:
         spec = child.spec
         args = spec.args if child.args is None else child.args
+        if spec.name is not None and self.runtime.whereis(spec.name) is not None:
+            # thespian's createActor would return the registered actor, which is not our
+            # child: we would never see it exit. OTP's `{error, {already_started, Pid}}`.
+            return ExitReason("already_started", detail=spec.name)
         try:
             address = self.createActor(spec.start, args, spec.name)
         except InitFailed as failed:
@@ -335,6 +339,11 @@ class Supervisor(Process):
         for child in group:
             if child not in self.children or child.address is not None:
                 continue
+            if child.spec.restart == "temporary":
+                # OTP: a temporary child that a one_for_all / rest_for_one restart stopped
+                # is removed, never restarted.
+                del self.children[child]
+                continue
             if self._start(child) is not None:
                 self.send(self.myAddress, _TryAgain(child))
                 return
@@ -385,7 +394,12 @@ class Supervisor(Process):
             address = child.address
             assert address is not None
             self.by_address.pop(address, None)
-            if timeout == "brutal_kill":
+            if not self.runtime.is_alive(address) and self._take_postponed_exit(address):
+                # It ended by itself while we were stopping others, and its ChildExited was
+                # postponed: waiting for it would stall until the shutdown timeout (for ever
+                # with `infinity`). As in OTP, the exit already received ends the wait.
+                child.address = None
+            elif timeout == "brutal_kill":
                 self.kill(address)
                 child.address = None
             else:
@@ -398,6 +412,13 @@ class Supervisor(Process):
             self.tokens += 1
             stopping.token = self.tokens
             stopping.timer = self.wakeupAfter(timeout, _ShutdownTimeout(stopping.token))
+
+    def _take_postponed_exit(self, address: Address) -> bool:
+        for i, (msg, _sender) in enumerate(self.postponed):
+            if isinstance(msg, ChildExited) and msg.childAddress == address:
+                del self.postponed[i]
+                return True
+        return False
 
     def _stopped(self, stopping: _Stopping, child: _Child) -> None:
         child.address = None
@@ -422,6 +443,21 @@ class Supervisor(Process):
             child.address = None
         stopping.waiting.clear()
         self._stop_next(stopping)
+
+    def terminate(self, reason: ExitReason) -> None:
+        """Ending without having stopped the children (the parent ended, or this supervisor
+        crashed): end them now in reverse start order. The runtime would otherwise end them
+        in creation order, which restarts reshuffle. A subclass that overrides `terminate`
+        must call this."""
+        for child in self._running_reversed():
+            address = child.address
+            assert address is not None
+            child.address = None
+            self.by_address.pop(address, None)
+            if child.spec.shutdown_timeout == "brutal_kill":
+                self.kill(address)
+            else:
+                self.runtime.exit_actor(address, SHUTDOWN)
 
     # -- the rest of the API ---------------------------------------------------------
     def _by_id(self, child_id: str) -> _Child | None:

@@ -1,0 +1,2 @@
+"""Supervision: the loop runtime, supervisors and tables (ARCHITECTURE.md, "Actors on
+thespian", "Supervisors", "Tables")."""
