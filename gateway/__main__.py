@@ -25,10 +25,12 @@ EXIT_TREE_ENDED = 2
 
 async def serve(node: Node) -> int:
     loop = asyncio.get_running_loop()
-    await node.start()
+    # Handlers first: the pid file appears during start, and a SIGTERM sent as soon as it
+    # does must still be a planned stop, not the default (immediate) termination.
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
+    await node.start()
     ended = loop.create_task(node.wait())
     requested = loop.create_task(stop_requested.wait())
     await asyncio.wait({ended, requested}, return_when=asyncio.FIRST_COMPLETED)
