@@ -261,7 +261,10 @@ class LoopSystemBase:
         monitor = self.monitor_callback(target, on_down)
         self.send(reply_to, target, msg)
         try:
-            return await asyncio.wait_for(future, timeout)
+            # Not wait_for: on 3.11 it swallows a cancellation that lands in the same turn
+            # as the answer, and a cancelled caller must stop (and release what it holds).
+            async with asyncio.timeout(timeout):
+                return await future
         finally:
             self._waiters.pop(reply_to._aaddr, None)
             self.demonitor(monitor)
