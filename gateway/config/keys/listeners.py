@@ -1,13 +1,52 @@
-"""Keys of the gRPC listeners. The grpc_listeners list itself comes with the listener issue."""
+"""Keys of the gRPC listeners: the `grpc_listeners` list and the lab-rig acknowledgement.
+
+The list's own validation is `gateway.listeners.spec`; the rules that need another key or the
+environment are the schema checks in `CHECKS` (the port variables, then the refusal of a
+gateway with no listener routing the AgentService)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from gateway.config.converters import LiteralTrue
-from gateway.config.schema import Key
+from gateway.config.schema import Check, Key, Refuse
+from gateway.config.terms import Term
+from gateway.listeners.overrides import apply_port_overrides, require_agent_listener
+from gateway.listeners.spec import ListenerSpec, parse_listeners
+
+if TYPE_CHECKING:
+    from gateway.config.config import Config
 
 AREA = "listeners"
+
+
+@attrs.frozen
+class Listeners:
+    """The converter of `grpc_listeners`. It raises `BootRefused` itself, naming each defect
+    by its own term (docs/listeners.md has the table)."""
+
+    expected: str = "a list of listener maps (docs/listeners.md)"
+
+    def __call__(self, term: Term) -> tuple[ListenerSpec, ...]:
+        return parse_listeners(term)
+
+
+GRPC_LISTENERS: Key[tuple[ListenerSpec, ...]] = Key(
+    name="grpc_listeners",
+    default=[],
+    convert=Listeners(),
+    read_when="boot, before anything is bound; each listener reads its TLS files when it starts",
+    doc="The agent and management gRPC listeners, one map per listener; every key, default"
+    " and refusal is in docs/listeners.md. YUZU_GW_AGENT_PORT / YUZU_GW_MGMT_PORT rewrite the"
+    " listen port of the one entry serving agent_pb / management_pb.",
+    area=AREA,
+    on_bad=Refuse("config_shape"),
+    default_doc="none (the shipped prod config has agent and mgmt)",
+    bad_doc="refuse boot, naming the defect (docs/listeners.md)",
+)
 
 ALLOW_NO_LISTENERS: Key[bool] = Key(
     name="allow_no_listeners",
@@ -21,4 +60,22 @@ ALLOW_NO_LISTENERS: Key[bool] = Key(
     bad_doc="any value but `true` counts as unset",
 )
 
-KEYS: tuple[Key[Any], ...] = (ALLOW_NO_LISTENERS,)
+
+def listener_port_overrides(config: Config, env: Mapping[str, str]) -> Config:
+    """YUZU_GW_AGENT_PORT / YUZU_GW_MGMT_PORT rewrite a listen port inside the list."""
+    specs = config[GRPC_LISTENERS]
+    updated = apply_port_overrides(specs, env)
+    if updated is specs:
+        return config
+    return config.with_value(GRPC_LISTENERS, updated, config.source_of(GRPC_LISTENERS))
+
+
+def listeners_route_agents(config: Config, env: Mapping[str, str]) -> Config:
+    require_agent_listener(config[GRPC_LISTENERS], config[ALLOW_NO_LISTENERS])
+    return config
+
+
+KEYS: tuple[Key[Any], ...] = (GRPC_LISTENERS, ALLOW_NO_LISTENERS)
+
+# Order matters: the override may move a port, and the refusal reads the final list.
+CHECKS: tuple[Check, ...] = (listener_port_overrides, listeners_route_agents)

@@ -1,0 +1,119 @@
+"""What a gRPC handler knows about the call it serves: its connection and its origin.
+
+    from gateway.listeners.connection import current_call
+
+    async def Register(self, stream):
+        call = current_call()
+        call.connection.key      # int, unique per HTTP/2 connection in this process
+        call.origin              # "" or the bare IP the call is attributed to
+        call.connection.peer     # the TCP peer's bare IP (a proxy's, behind one)
+
+`current_call()` works in the handler coroutine and in anything it awaits or spawns (it is a
+context variable the listener sets for each RPC stream's task); outside a call it raises
+`LookupError`. Heartbeat admission binds a session to `connection.key`; the registry learns
+that a connection went away from `on_close` callbacks or the listener's connection-closed hook.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+from collections.abc import Callable
+
+import attrs
+
+from supervisors.reason import ExitReason
+
+log = logging.getLogger("yuzu_gw.listeners")
+
+# One counter per process: keys stay unique across listeners and listener restarts, so a key
+# a registry still holds can never be handed to a newer connection.
+_KEYS = itertools.count(1)
+
+
+def next_key() -> int:
+    return next(_KEYS)
+
+
+class ConnectionInfo:
+    """One accepted connection. Slots: 60,000 of these may be alive at once."""
+
+    __slots__ = ("_callbacks", "_transport", "key", "listener", "open", "peer", "peer_port")
+
+    def __init__(self, key: int, listener: str, peer: str, peer_port: int) -> None:
+        self.key = key
+        self.listener = listener
+        self.peer = peer  # bare IP, IPv4-mapped folded
+        self.peer_port = peer_port
+        self.open = True
+        self._transport: object | None = None
+        self._callbacks: list[Callable[[ConnectionInfo], None]] | None = None
+
+    def attach(self, transport: object) -> None:
+        """Called by the listener once the connection is established (after TLS)."""
+        self._transport = transport
+
+    def peer_cert(self) -> bytes | None:
+        """The DER certificate the client presented in the TLS handshake, or None."""
+        transport = self._transport
+        if transport is None:
+            return None
+        ssl_object = transport.get_extra_info("ssl_object")  # type: ignore[attr-defined]
+        if ssl_object is None:
+            return None
+        der: bytes | None = ssl_object.getpeercert(binary_form=True)
+        return der
+
+    def on_close(self, callback: Callable[[ConnectionInfo], None]) -> None:
+        """Call `callback(self)` once when the connection closes (at once if it has)."""
+        if not self.open:
+            _run(callback, self)
+            return
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(callback)
+
+    def closed(self) -> None:
+        """Called by the listener when the transport is gone."""
+        if not self.open:
+            return
+        self.open = False
+        self._transport = None
+        callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            _run(callback, self)
+
+    def __repr__(self) -> str:
+        state = "open" if self.open else "closed"
+        return f"<Connection {self.key} on {self.listener} {state}>"
+
+
+def _run(callback: Callable[[ConnectionInfo], None], conn: ConnectionInfo) -> None:
+    # A watcher's bug must not stop the others being told, nor the listener's bookkeeping;
+    # the log gets the class and frame only (seed: crash redaction).
+    try:
+        callback(conn)
+    except Exception as exc:
+        log.error("a connection close callback raised: %s", ExitReason.crash(exc))
+
+
+@attrs.frozen(slots=True)
+class CallInfo:
+    """One RPC stream. For `transport` and `proxy_protocol` listeners every stream of a
+    connection shares one instance; `forwarded_for` decides per stream."""
+
+    connection: ConnectionInfo
+    origin: str  # a bare IP, or "" when the proxy gave no usable address
+
+    @property
+    def observed(self) -> bool:
+        return self.origin != ""
+
+
+CURRENT_CALL: contextvars.ContextVar[CallInfo] = contextvars.ContextVar("yuzu_gw_call")
+
+
+def current_call() -> CallInfo:
+    """The call being served by this task; `LookupError` outside a listener's handler."""
+    return CURRENT_CALL.get()

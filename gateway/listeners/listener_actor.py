@@ -1,0 +1,212 @@
+"""`ListenerActor`: one gRPC listener as a supervised actor.
+
+- `init` loads the TLS files and binds the port: a listener that cannot do either fails its
+  start, and at boot that refuses the boot (the supervisor's ordered start).
+- The accept loop runs as the actor's worker; an accept error it cannot ride out crashes the
+  actor and the supervisor restarts it (a fresh socket, the same port).
+- `Suspend` closes the listen socket and `Resume` binds it again (the memory shedder and the
+  planned stop use them); each answers with the `ListenerState` now in force. A resume that
+  fails (the port was taken, no descriptors) leaves the listener suspended and says why; the
+  caller retries.
+- The state is published in the protected table `listener:<name>` (row "state") for the
+  `listeners` readiness check, which reads it without a message. The table dies with the
+  actor, so a listener that crashed reads as not running until its successor is up.
+- `terminate` closes the listen socket and every connection (GOAWAY, then close): listeners
+  stop first in a planned stop, after the drain has had its time.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from gateway.listeners.connection import ConnectionInfo
+from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.server import ListenerServer, Routes
+from gateway.listeners.spec import ListenerSpec
+from gateway.listeners.tls import TlsFilesUnusable
+from supervisors.address import Address
+from supervisors.messages import WorkerDone
+from supervisors.process import Process
+from supervisors.reason import ExitReason
+from supervisors.table import Table
+
+log = logging.getLogger("yuzu_gw.listeners")
+
+RUNNING = "running"
+SUSPENDED = "suspended"
+State = Literal["running", "suspended"]
+STATE_ROW = "state"
+_ACCEPT = "accept"
+
+
+def table_name(listener: str) -> str:
+    return f"listener:{listener}"
+
+
+def actor_name(listener: str) -> str:
+    """The registered name of a listener's actor (`runtime.whereis(actor_name("agent"))`)."""
+    return f"listener_{listener}"
+
+
+@attrs.frozen
+class Suspend:
+    """Close the listen socket; established connections are untouched."""
+
+
+@attrs.frozen
+class Resume:
+    """Bind the listen socket again, on the same port."""
+
+
+@attrs.frozen
+class GetState:
+    pass
+
+
+@attrs.frozen
+class ListenerState:
+    """The answer to `Suspend`, `Resume` and `GetState`, and the published table row.
+    `error` is the errno name of a failed resume (`eaddrinuse`, `emfile`), else None."""
+
+    name: str
+    state: State
+    address: tuple[str, int]
+    serves_agent: bool
+    error: str | None = None
+
+
+@attrs.frozen(eq=False)
+class ListenerArgs:
+    spec: ListenerSpec
+    routes: tuple[Routes, ...]
+    metrics: ListenerMetrics
+    # Told the table of each (re)started listener, for the readiness check.
+    publish: Callable[[str, Table[str, ListenerState]], None]
+    # Told the address actually bound (port 0 picks a free one, as tests do).
+    on_bound: Callable[[str, tuple[str, int]], None] | None = None
+    on_connection_closed: Callable[[ConnectionInfo], None] | None = None
+
+
+class ListenerActor(Process):
+    def init(self, args: ListenerArgs) -> None:
+        self.spec = args.spec
+        try:
+            self.server = ListenerServer(
+                args.spec, args.routes, args.metrics, args.on_connection_closed
+            )
+        except TlsFilesUnusable as exc:
+            # The crash reason carries the class only; this line says which file.
+            log.error("%s", exc)
+            raise
+        try:
+            self.address = self.server.bind()
+        except OSError as exc:
+            log.error(
+                "gRPC listener %s cannot listen on %s:%d: %s",
+                self.spec.name,
+                self.spec.ip,
+                self.spec.port,
+                errno.errorcode.get(exc.errno or 0, "error").lower(),
+            )
+            raise
+        self.table: Table[str, ListenerState] = self.new_table(table_name(self.spec.name))
+        self._publish(RUNNING)
+        args.publish(self.spec.name, self.table)
+        if args.on_bound is not None:
+            args.on_bound(actor_name(self.spec.name), self.address)
+        self.run_worker(self.server.serve(), _ACCEPT)
+        log.info(
+            "gRPC listener %s listening on %s", self.spec.name, describe(self.spec, self.address)
+        )
+        if self.spec.tls is None and self.spec.serves_agent and not _loopback(self.spec.ip):
+            log.warning(
+                "gRPC listener %s is plaintext on %s: do not expose it to an untrusted network"
+                " (docs/listeners.md 'TLS posture')",
+                self.spec.name,
+                self.spec.ip,
+            )
+
+    def receiveMessage(self, msg: Any, sender: Address) -> None:
+        match msg:
+            case Suspend():
+                self.send(sender, self._suspend())
+            case Resume():
+                self.send(sender, self._resume())
+            case GetState():
+                self.send(sender, self.table[STATE_ROW])
+            case WorkerDone(tag=tag, error=error) if tag == _ACCEPT and error is not None:
+                # The accept loop met an error it cannot ride out: restart with a new socket.
+                raise error
+            case _:
+                pass
+
+    def _suspend(self) -> ListenerState:
+        if self.server.accepting:
+            self.server.suspend()
+            log.info(
+                "gRPC listener %s suspended: listen socket closed, %d connection(s) kept",
+                self.spec.name,
+                self.server.connections,
+            )
+        return self._publish(SUSPENDED)
+
+    def _resume(self) -> ListenerState:
+        if self.server.accepting:
+            return self._publish(RUNNING)
+        try:
+            self.address = self.server.bind()
+        except OSError as exc:
+            reason = errno.errorcode.get(exc.errno or 0, "error").lower()
+            # The caller retries and owns the rate of its log lines; this one is debug.
+            log.debug("gRPC listener %s could not resume: %s", self.spec.name, reason)
+            return attrs.evolve(self.table[STATE_ROW], error=reason)
+        self.run_worker(self.server.serve(), _ACCEPT)
+        log.info("gRPC listener %s resumed on %s:%d", self.spec.name, *self.address)
+        return self._publish(RUNNING)
+
+    def _publish(self, state: State) -> ListenerState:
+        row = ListenerState(self.spec.name, state, self.address, self.spec.serves_agent)
+        self.table.insert(STATE_ROW, row)
+        return row
+
+    def terminate(self, reason: ExitReason) -> None:
+        self.server.close()
+
+    def format_status(self) -> Mapping[str, Any]:
+        return {
+            "listener": self.spec.name,
+            "state": RUNNING if self.server.accepting else SUSPENDED,
+            "port": self.address[1],
+            "connections": self.server.connections,
+            "max_connections": self.spec.limits.max_connections,
+        }
+
+
+def _loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1"
+
+
+def describe(spec: ListenerSpec, address: tuple[str, int]) -> str:
+    """One line of posture for the start log: never a path."""
+    if spec.tls is None:
+        tls = "plaintext"
+    elif spec.tls.verify == "verify_none":
+        tls = "one-way TLS"
+    elif spec.tls.fail_if_no_peer_cert:
+        tls = "mutual TLS"
+    else:
+        tls = "TLS, client certificate requested not required"
+    origin = spec.origin.mode.value
+    if spec.origin.mode.value != "transport":
+        origin += f" ({len(spec.origin.sources)} source(s))"
+    services = ", ".join(service for service, _ in spec.services) or "no services"
+    return (
+        f"{address[0]}:{address[1]} ({tls}, origin {origin}, max_connections"
+        f" {spec.limits.max_connections}, max_concurrent_streams"
+        f" {spec.http2.max_concurrent_streams}; {services})"
+    )

@@ -1,0 +1,421 @@
+"""One HTTP/2 connection of a listener: grpclib's protocol with the listener's limits.
+
+What this adds to grpclib's `H2Protocol` and `Handler`, each where grpclib leaves room:
+
+- SETTINGS: the first SETTINGS frame carries the listener's `max_concurrent_streams`
+  (grpclib sends h2's default of 100 and has no option for it), and the flow-control
+  windows are capped at `max_connection_memory_bytes`.
+- Idle timeout: a connection that has received no byte for `http2.idle_timeout` gets a
+  GOAWAY and is closed. Activity is any byte received from the peer, a PING included (as in
+  Cowboy, whose rule the manual documents); bytes the gateway sends do not count.
+- Memory bound: request bytes a connection holds (received, not yet read by a handler,
+  including a partly received message) are summed over its streams; past
+  `max_connection_memory_bytes` the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed,
+  `yuzu_gw_grpc_connection_killed_total` +1. grpclib itself never bounds a message's size.
+- Request timeout: a handler waiting for the rest of a message it has started to receive
+  (or, on a method whose request is one message, for that message at all) waits at most
+  `request_timeout_ms`; then the stream is reset (CANCEL), the handler task cancelled and
+  `yuzu_gw_grpc_recv_timeout_total` +1. An idle streaming request (a Subscribe between
+  messages) is not stalled: only the connection's idle timeout applies to it.
+- Cancel rate: more client RST_STREAMs than `max_cancel_stream_rate` allows closes the
+  connection with ENHANCE_YOUR_CALM (Cowboy's defence against "rapid reset").
+- Per call: the origin of each RPC stream is decided (`origin.attribute`), counted when a
+  claim is not used, and set with the connection in the `CURRENT_CALL` context variable of
+  the stream's task (`connection.current_call()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import socket
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+from grpclib.config import Configuration
+from grpclib.protocol import Buffer, Connection, EventsProcessor, H2Protocol, Stream
+from grpclib.server import Handler, request_handler
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import DataReceived, StreamReset
+from h2.exceptions import ProtocolError
+from h2.settings import SettingCodes, Settings
+
+from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
+from gateway.listeners.metrics import EXTRA_REQUEST_DATA, STREAM_ENDED, ListenerMetrics
+from gateway.listeners.origin import (
+    XFF_HEADER,
+    Claim,
+    Ignored,
+    Mode,
+    Sources,
+    attribute,
+    forwarded_claim,
+)
+from gateway.listeners.spec import ListenerSpec
+
+log = logging.getLogger("yuzu_gw.listeners")
+
+# grpclib's windows; smaller only when the memory bound is (a flow-controlled peer then
+# cannot even send past the bound before reading our WINDOW_UPDATEs).
+_WINDOW = 4 * 1024 * 1024
+_H2_MIN_WINDOW = 65_535
+# h2's default: header blocks beyond this are refused by HPACK before any handler runs.
+_MAX_HEADER_LIST_SIZE = 65_536
+
+
+@attrs.frozen
+class ConnectionPolicy:
+    """What every connection of one listener enforces, resolved once from its spec."""
+
+    listener: str
+    max_concurrent_streams: int
+    idle_timeout_s: float | None
+    memory_limit: int
+    request_timeout_s: float
+    cancel_limit: int
+    cancel_period_s: float
+    mode: Mode
+    sources: Sources
+    trusted_hops: int
+    metrics: ListenerMetrics
+
+    @classmethod
+    def of(cls, spec: ListenerSpec, metrics: ListenerMetrics) -> ConnectionPolicy:
+        idle = spec.http2.idle_timeout_ms
+        count, period_ms = spec.http2.max_cancel_stream_rate
+        return cls(
+            listener=spec.name,
+            max_concurrent_streams=spec.http2.max_concurrent_streams,
+            idle_timeout_s=None if idle is None else idle / 1000,
+            memory_limit=spec.limits.max_connection_memory_bytes,
+            request_timeout_s=spec.limits.request_timeout_ms / 1000,
+            cancel_limit=count,
+            cancel_period_s=period_ms / 1000,
+            mode=spec.origin.mode,
+            sources=spec.origin.sources,
+            trusted_hops=spec.origin.trusted_hops,
+            metrics=metrics,
+        )
+
+    @property
+    def window(self) -> int:
+        return max(_H2_MIN_WINDOW, min(_WINDOW, self.memory_limit))
+
+
+class ListenerProtocol(H2Protocol):
+    """grpclib's protocol for one connection, with the listener's limits (module doc)."""
+
+    def __init__(
+        self,
+        handler: ListenerHandler,
+        config: Configuration,
+        h2_config: H2Configuration,
+        *,
+        policy: ConnectionPolicy,
+        info: ConnectionInfo,
+        claim: Claim | None,
+        on_made: Callable[[ListenerProtocol], None],
+        on_lost: Callable[[ListenerProtocol], None],
+    ) -> None:
+        super().__init__(handler, config, h2_config)
+        handler.owner = self
+        self.policy = policy
+        self.info = info
+        self.made = False
+        self._on_made = on_made
+        self._on_lost = on_lost
+        self.loop = asyncio.get_event_loop()
+        self._h2: H2Connection | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self._held = 0
+        self._over_budget = False
+        self._killed = False
+        self._last_rx = 0.0
+        self._idle: asyncio.TimerHandle | None = None
+        self._cancels = 0
+        self._cancel_window = 0.0
+        # The origin is decided once per connection where it cannot change per stream.
+        self._trusted = policy.mode is not Mode.TRANSPORT and policy.sources.trusts(info.peer)
+        if policy.mode is Mode.PROXY_PROTOCOL:
+            decided = attribute(info.peer, self._trusted, claim)
+            self._call = CallInfo(info, decided.address)
+            self._ignored: Ignored | None = decided.ignored
+        else:
+            self._call = CallInfo(info, info.peer)
+            self._ignored = None
+
+    # -- the connection --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Small gRPC frames must not wait for Nagle (grpclib does the same).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        h2 = H2Connection(config=self.h2_config)
+        window = self.policy.window
+        # Replaced before the first SETTINGS frame is written, so the peer learns the stream
+        # limit at once and h2 enforces it from the first stream.
+        h2.local_settings = Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: self.policy.max_concurrent_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: _MAX_HEADER_LIST_SIZE,
+                SettingCodes.INITIAL_WINDOW_SIZE: window,
+            },
+        )
+        h2.initiate_connection()
+        if window > _H2_MIN_WINDOW:
+            h2.increment_flow_control_window(window - _H2_MIN_WINDOW)
+        self._h2 = h2
+        self._transport = transport
+        self.connection = Connection(h2, transport, config=self.config)  # type: ignore[arg-type]
+        self.connection.flush()
+        self.connection.initialize()
+        self.processor = EventsProcessor(self.handler, self.connection)
+        self.info.attach(transport)
+        self.made = True
+        self._last_rx = self.loop.time()
+        if self.policy.idle_timeout_s is not None:
+            self._idle = self.loop.call_later(self.policy.idle_timeout_s, self._idle_check)
+        self._on_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_rx = self.loop.time()
+        try:
+            events = self.connection.feed(data)
+        except ProtocolError:
+            # Includes a peer opening more streams than max_concurrent_streams (h2 treats it
+            # as a connection error) and a peer overrunning its flow-control window.
+            log.debug("gRPC listener %s: HTTP/2 protocol error", self.policy.listener)
+            self.processor.close("Protocol error")
+            return
+        self.connection.flush()
+        streams = self.processor.streams
+        for event in events:
+            kind = type(event)
+            if kind is DataReceived and event.stream_id not in streams:
+                # A stream whose handler is done: grpclib acknowledges and drops it.
+                self.policy.metrics.dropped(STREAM_ENDED, len(event.data or b""))
+            elif kind is StreamReset and event.remote_reset and self._cancelled_too_often():
+                log.warning(
+                    "gRPC listener %s: connection %d cancelled more than %d streams in %g s;"
+                    " closing it",
+                    self.policy.listener,
+                    self.info.key,
+                    self.policy.cancel_limit,
+                    self.policy.cancel_period_s,
+                )
+                self.kill(ErrorCodes.ENHANCE_YOUR_CALM)
+                return
+            self.processor.process(event)
+        self.connection.flush()
+        if self._over_budget and not self._killed:
+            self.policy.metrics.connection_killed.inc()
+            log.info(
+                "gRPC listener %s: connection %d buffered more than %d request bytes; killed",
+                self.policy.listener,
+                self.info.key,
+                self.policy.memory_limit,
+            )
+            self.kill(ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.made:
+            # Never established: the setup task still owns the socket and the slot.
+            return
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        super().connection_lost(exc)
+        self.info.closed()
+        self._on_lost(self)
+
+    def kill(self, code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
+        """GOAWAY with `code`, then close. Established streams end with the connection."""
+        if self._killed or self._transport is None:
+            return
+        self._killed = True
+        if self._h2 is not None and not self._transport.is_closing():
+            try:
+                self._h2.close_connection(error_code=code)
+                self.connection.flush()
+            except Exception:  # the connection may already be broken; closing is what counts
+                log.debug("gRPC listener %s: GOAWAY not sent", self.policy.listener)
+        self._transport.close()
+
+    def _idle_check(self) -> None:
+        assert self.policy.idle_timeout_s is not None
+        quiet = self.loop.time() - self._last_rx
+        if quiet >= self.policy.idle_timeout_s:
+            self._idle = None
+            self.kill(ErrorCodes.NO_ERROR)
+            return
+        # Re-armed only when it fires: a busy connection costs one timer per idle period,
+        # not one per received packet.
+        self._idle = self.loop.call_later(self.policy.idle_timeout_s - quiet, self._idle_check)
+
+    def _cancelled_too_often(self) -> bool:
+        now = self.loop.time()
+        if now - self._cancel_window > self.policy.cancel_period_s:
+            self._cancel_window, self._cancels = now, 0
+        self._cancels += 1
+        return self._cancels > self.policy.cancel_limit
+
+    # -- memory accounting (called by the streams' buffers) ---------------------------------
+
+    def charge(self, size: int) -> None:
+        self._held += size
+        if self._held > self.policy.memory_limit:
+            # Acted on after the current batch of events: killing inside h2's event loop
+            # would leave grpclib half way through a frame.
+            self._over_budget = True
+
+    def release(self, size: int) -> None:
+        self._held -= size
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    # -- origin -------------------------------------------------------------------------------
+
+    def call_for(self, forwarded: list[str] | None) -> CallInfo:
+        """The CallInfo of a new RPC stream, counting a claim that is not used."""
+        policy = self.policy
+        if policy.mode is Mode.FORWARDED_FOR:
+            if not self._trusted:
+                if forwarded:
+                    policy.metrics.ignored(policy.mode, Ignored.UNTRUSTED_SOURCE)
+                return self._call
+            claim = forwarded_claim(forwarded, policy.trusted_hops) if forwarded else None
+            decided = attribute(self.info.peer, True, claim)
+            if decided.ignored is not None:
+                policy.metrics.ignored(policy.mode, decided.ignored)
+            if decided.address != self._call.origin:
+                # Most connections carry one client: keep the last CallInfo for the next call.
+                self._call = CallInfo(self.info, decided.address)
+            return self._call
+        if self._ignored is not None:
+            policy.metrics.ignored(policy.mode, self._ignored)
+        return self._call
+
+
+class ListenerHandler(Handler):
+    """grpclib's per-connection request handler; `accept` sets up each stream's guards
+    and context before the stream's task starts."""
+
+    # Set by the protocol it serves, right after both are made.
+    owner: ListenerProtocol
+
+    def accept(
+        self, stream: Stream, headers: list[tuple[str, str]], release_stream: Callable[[], Any]
+    ) -> None:
+        self.__gc_step__()
+        path = None
+        forwarded: list[str] | None = None
+        for name, value in headers:
+            if name == ":path":
+                path = value
+            elif name == XFF_HEADER:
+                if forwarded is None:
+                    forwarded = []
+                forwarded.append(value)
+        owner = self.owner
+        call = owner.call_for(forwarded)
+        method = self.mapping.get(path) if path is not None else None
+        unary = method is not None and not method.cardinality.client_streaming
+        assert stream.id is not None
+        buffer = GuardedBuffer(partial(stream.connection.ack, stream.id), owner, stream, unary)
+        stream.buffer = buffer
+
+        def release() -> None:
+            release_stream()
+            buffer.discard()
+
+        context = contextvars.copy_context()
+        context.run(CURRENT_CALL.set, call)
+        task = self.loop.create_task(
+            request_handler(
+                self.mapping,
+                stream,
+                headers,
+                self.codec,
+                self.status_details_codec,
+                self.dispatch,
+                release,
+            ),
+            context=context,
+        )
+        buffer.task = task
+        self._tasks[stream] = task
+
+
+class GuardedBuffer(Buffer):
+    """A stream's receive buffer that reports what it holds to the connection and times out
+    a handler stuck on a half-received request (module doc)."""
+
+    def __init__(
+        self,
+        ack_callback: Callable[[int], None],
+        owner: ListenerProtocol,
+        stream: Stream,
+        unary: bool,
+    ) -> None:
+        super().__init__(ack_callback)
+        self.owner = owner
+        self.stream = stream
+        self.unary = unary
+        self.task: asyncio.Task[None] | None = None
+        self.held = 0
+        self.ended = False
+        # grpclib reads a message as a 5-byte prefix, then its body: after a prefix that
+        # announces a body, the handler is in the middle of a message.
+        self.mid_message = False
+
+    def add(self, data: bytes, ack_size: int) -> None:
+        super().add(data, ack_size)
+        self.held += len(data)
+        self.owner.charge(len(data))
+
+    def eof(self) -> None:
+        super().eof()
+        self.ended = True
+
+    async def read(self, size: int) -> bytes:
+        if size == 0:
+            return b""
+        timer = None
+        if self.held < size and not self.ended and (self.unary or self.mid_message):
+            timer = self.owner.loop.call_later(self.owner.policy.request_timeout_s, self._stalled)
+        try:
+            chunk = await super().read(size)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self.held -= len(chunk)
+        self.owner.release(len(chunk))
+        if self.mid_message:
+            self.mid_message = False
+        elif len(chunk) == 5 and int.from_bytes(chunk[1:5], "big") > 0:
+            self.mid_message = True
+        return chunk
+
+    def discard(self) -> None:
+        """The stream is released: what no handler read is dropped."""
+        if self.held:
+            self.owner.policy.metrics.dropped(EXTRA_REQUEST_DATA, self.held)
+            self.owner.release(self.held)
+            self.held = 0
+
+    def _stalled(self) -> None:
+        self.owner.policy.metrics.recv_timeout.inc()
+        log.debug("gRPC listener %s: a request stalled; stream reset", self.owner.policy.listener)
+        if self.stream.closable:
+            self.stream.reset_nowait(ErrorCodes.CANCEL)
+        if self.task is not None:
+            self.task.cancel()

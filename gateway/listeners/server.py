@@ -1,0 +1,382 @@
+"""One listener's sockets: bind, accept, the PROXY header, TLS, and the connection ceiling.
+
+grpclib's `Server` is used for what it assembles (the method table, the codecs, the event
+dispatch, the HTTP/2 configuration) but not for its sockets: `Server.start` leaves accepting
+to asyncio, which can neither stop accepting at `max_connections` nor read a PROXY header
+before a TLS handshake. So:
+
+- `bind()` opens the listen socket (SO_REUSEADDR, and SO_REUSEPORT so that several nodes on
+  one host share the port, the kernel pinning each connection to one node) with a backlog of
+  4096 (seed: "the gateway asks for a listen backlog of 4096").
+- `serve()` is the accept loop. At `max_connections` (connections being set up included) it
+  stops accepting: new connections wait in the kernel's backlog while established ones are
+  unaffected, as Ranch does. Each wake accepts at most `acceptors` connections in a row (the
+  nearest asyncio meaning of Ranch's acceptor count) so a storm cannot starve the loop.
+- Each accepted socket is set up in its own short task: the PROXY header (about 1 s, then the
+  connection is closed), the TLS handshake (10 s), then grpclib's HTTP/2 protocol.
+- `suspend()` closes the listen socket: a new connection is refused at once and ones the
+  kernel had queued are reset; established connections are untouched. `bind()` again resumes
+  on the same port. `close()` also ends every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Collection
+
+from grpclib.config import Configuration
+from grpclib.const import Handler as MethodHandler
+from grpclib.server import Server
+
+from gateway.listeners.connection import ConnectionInfo, next_key
+from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.origin import Claim, Mode, peer_address
+from gateway.listeners.protocol import ConnectionPolicy, ListenerHandler, ListenerProtocol
+from gateway.listeners.proxy_header import (
+    V1_MAX,
+    V1_PREFIX,
+    V2_FIXED,
+    ProxyHeader,
+    ProxyHeaderError,
+    parse_v1,
+    parse_v2,
+    v2_length,
+    version_of,
+)
+from gateway.listeners.spec import ListenerSpec
+from gateway.listeners.tls import server_context
+
+log = logging.getLogger("yuzu_gw.listeners")
+
+BACKLOG = 4096
+PROXY_HEADER_TIMEOUT_S = 1.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Out of descriptors (or kernel memory): the socket stays readable, so accepting again at
+# once would spin. Ranch sleeps too.
+_ACCEPT_RETRY_S = 0.1
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# A connection that died between the kernel's accept and ours: nothing to do but go on.
+_TRANSIENT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
+_EXHAUSTED_LOG_INTERVAL_S = 60.0
+
+
+class Routes:
+    """The routes of one service on a listener, in grpclib's servable shape."""
+
+    def __init__(self, mapping: dict[str, MethodHandler]) -> None:
+        self._mapping = mapping
+
+    def __mapping__(self) -> dict[str, MethodHandler]:
+        return self._mapping
+
+
+class _Core(Server):
+    """grpclib's Server minus its sockets: one protocol per connection we accepted."""
+
+    def protocol(
+        self,
+        policy: ConnectionPolicy,
+        info: ConnectionInfo,
+        claim: Claim | None,
+        on_made: Callable[[ListenerProtocol], None],
+        on_lost: Callable[[ListenerProtocol], None],
+    ) -> ListenerProtocol:
+        self.__gc_step__()
+        handler = ListenerHandler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
+        self._handlers.add(handler)
+        return ListenerProtocol(
+            handler,
+            self._config,
+            self._h2_config,
+            policy=policy,
+            info=info,
+            claim=claim,
+            on_made=on_made,
+            on_lost=on_lost,
+        )
+
+
+class ListenerServer:
+    def __init__(
+        self,
+        spec: ListenerSpec,
+        routes: Collection[Routes],
+        metrics: ListenerMetrics,
+        on_connection_closed: Callable[[ConnectionInfo], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.policy = ConnectionPolicy.of(spec, metrics)
+        # Reads the certificate files: a listener that cannot load them does not start.
+        self._ssl: ssl.SSLContext | None = (
+            server_context(spec.tls, spec.name) if spec.tls is not None else None
+        )
+        self._core = _Core(
+            list(routes),
+            config=Configuration(
+                http2_connection_window_size=self.policy.window,
+                http2_stream_window_size=self.policy.window,
+            ),
+        )
+        self._on_connection_closed = on_connection_closed
+        self._port = spec.port
+        self._sock: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._count = 0
+        self._slot_freed: asyncio.Event | None = None
+        self._setups: set[asyncio.Task[None]] = set()
+        self._live: set[ListenerProtocol] = set()
+        self._exhausted_logged_at = -_EXHAUSTED_LOG_INTERVAL_S
+        self.address: tuple[str, int] | None = None
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def connections(self) -> int:
+        """Connections holding a slot: being set up or established."""
+        return self._count
+
+    def live(self) -> list[ListenerProtocol]:
+        return list(self._live)
+
+    # -- the listen socket ----------------------------------------------------------------
+
+    def bind(self) -> tuple[str, int]:
+        """Open the listen socket (the configured port, or on resume the port first bound).
+        Raises OSError (EADDRINUSE, EMFILE, ...)."""
+        ip = self.spec.ip
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((ip, self._port))
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        host, port = sock.getsockname()[:2]
+        self._port = port
+        self.address = (host, port)
+        return self.address
+
+    def suspend(self) -> None:
+        """Close the listen socket; established connections are left alone."""
+        task, self._accept_task = self._accept_task, None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # Unregister the pending accept before the descriptor is closed, so the number
+            # cannot be reused by a new socket while the loop still watches it.
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing registered
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+        if task is not None:
+            task.cancel()
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        """Stop accepting and end every connection (GOAWAY, then close)."""
+        self.suspend()
+        for task in list(self._setups):
+            task.cancel()
+        for protocol in list(self._live):
+            protocol.kill()
+
+    # -- accepting -----------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """The accept loop; runs until cancelled (`suspend`, `close`, or its owner ending)."""
+        sock = self._sock
+        assert sock is not None, "bind() first"
+        self._accept_task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if self._slot_freed is None:
+            self._slot_freed = asyncio.Event()
+        limit = self.spec.limits.max_connections
+        while True:
+            while self._count >= limit:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+            try:
+                conn, addr = await loop.sock_accept(sock)
+            except OSError as exc:
+                await self._accept_failed(exc)
+                continue
+            self._admit(loop, conn, addr)
+            for _ in range(self.spec.acceptors - 1):
+                if self._count >= limit:
+                    break
+                try:
+                    conn, addr = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    await self._accept_failed(exc)
+                    break
+                conn.setblocking(False)
+                self._admit(loop, conn, addr)
+
+    async def _accept_failed(self, exc: OSError) -> None:
+        if exc.errno in _TRANSIENT:
+            return
+        if exc.errno not in _EXHAUSTED:
+            raise exc
+        now = asyncio.get_running_loop().time()
+        if now - self._exhausted_logged_at >= _EXHAUSTED_LOG_INTERVAL_S:
+            self._exhausted_logged_at = now
+            log.warning(
+                "gRPC listener %s cannot accept a connection (%s); retrying every %g s"
+                " (raise the open-file limit or lower limits.max_connections)",
+                self.spec.name,
+                errno.errorcode.get(exc.errno or 0, "error").lower(),
+                _ACCEPT_RETRY_S,
+            )
+        await asyncio.sleep(_ACCEPT_RETRY_S)
+
+    def _admit(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, addr: tuple[str, int]
+    ) -> None:
+        self._count += 1
+        task = loop.create_task(self._setup(loop, conn, addr))
+        self._setups.add(task)
+        task.add_done_callback(self._setups.discard)
+
+    async def _setup(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, addr: tuple[str, int]
+    ) -> None:
+        protocol: ListenerProtocol | None = None
+        try:
+            claim: Claim | None = None
+            if self.policy.mode is Mode.PROXY_PROTOCOL:
+                # Seed: "Every connection on the listener must carry the header or it is
+                # closed (after a second)".
+                async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
+                    header = await read_proxy_header(loop, conn)
+                claim = header.claim()
+            info = ConnectionInfo(next_key(), self.spec.name, peer_address(addr[0]), addr[1])
+            protocol = self._core.protocol(self.policy, info, claim, self._made, self._lost)
+            made = protocol
+            await loop.connect_accepted_socket(
+                lambda: made,
+                conn,
+                ssl=self._ssl,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self._ssl is not None else None,
+            )
+        except asyncio.CancelledError:
+            self._abandon(conn, protocol)
+            raise
+        except Exception as exc:
+            # A scanner, a health check without the header, a failed handshake (OSError,
+            # SSLError, ProxyHeaderError, TimeoutError, EOFError): routine on an
+            # unauthenticated port, so not worth more than a debug line. Whatever it was, the
+            # slot must come back, or the ceiling would shrink by one for good.
+            log.debug(
+                "gRPC listener %s: connection not set up (%s)", self.spec.name, type(exc).__name__
+            )
+            self._abandon(conn, protocol)
+
+    def _abandon(self, conn: socket.socket, protocol: ListenerProtocol | None) -> None:
+        if protocol is not None and protocol.made:
+            return  # the protocol owns the slot now and frees it when the transport goes
+        conn.close()
+        self._free_slot()
+
+    def _made(self, protocol: ListenerProtocol) -> None:
+        self._live.add(protocol)
+
+    def _lost(self, protocol: ListenerProtocol) -> None:
+        self._live.discard(protocol)
+        self._free_slot()
+        if self._on_connection_closed is not None:
+            try:
+                self._on_connection_closed(protocol.info)
+            except Exception as exc:
+                log.error(
+                    "gRPC listener %s: the connection-closed hook raised %s",
+                    self.spec.name,
+                    type(exc).__name__,
+                )
+
+    def _free_slot(self) -> None:
+        self._count -= 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+
+
+# -- the PROXY header on a raw socket ---------------------------------------------------------
+
+
+async def read_proxy_header(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> ProxyHeader:
+    """Read exactly one PROXY header from `sock`, never a byte past it (what follows is TLS
+    or HTTP/2, which must reach their own parsers untouched)."""
+    first = await _recv_exact(loop, sock, 1)
+    if version_of(first) == 2:
+        fixed = first + await _recv_exact(loop, sock, V2_FIXED - 1)
+        rest = await _recv_exact(loop, sock, v2_length(fixed) - V2_FIXED)
+        header, _ = parse_v2(fixed + rest)
+        return header
+    data = first
+    while True:
+        peeked = await _peek(loop, sock, V1_MAX - len(data))
+        end = peeked.find(b"\n")
+        # Up to the LF when it is there; otherwise all of it, which is still header.
+        data += sock.recv(end + 1 if end >= 0 else len(peeked))
+        if not V1_PREFIX.startswith(data[: len(V1_PREFIX)]):
+            raise ProxyHeaderError("not a PROXY v1 header")
+        if end >= 0:
+            header, used = parse_v1(data)
+            if used != len(data):
+                raise ProxyHeaderError("malformed PROXY v1 header")
+            return header
+        if len(data) >= V1_MAX:
+            raise ProxyHeaderError("PROXY v1 header without CRLF in its first 107 bytes")
+
+
+async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = await loop.sock_recv(sock, size - len(data))
+        if not chunk:
+            raise EOFError("connection closed inside the PROXY header")
+        data += chunk
+    return data
+
+
+async def _peek(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
+    while True:
+        try:
+            data = sock.recv(size, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            await _readable(loop, sock)
+            continue
+        if not data:
+            raise EOFError("connection closed inside the PROXY header")
+        return data
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
