@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from gateway.config import default_paths, load
 from gateway.context import NodeContext
+from gateway.upstream.boot_check import check_upstream
 
 # Where the pid file, log, console socket and trial cookie live (`YUZU_GW_RUN_DIR`).
 DEFAULT_RUN_DIR = "run"
@@ -32,4 +33,6 @@ def node_registry() -> CollectorRegistry:
 def prepare(env: Mapping[str, str]) -> NodeContext:
     paths = default_paths(env)
     config, node_args = load(paths.config, paths.vm_args, env)
+    # Before any actor starts or any listener binds (seed: "What the gateway refuses at boot").
+    check_upstream(config, env)
     return NodeContext(config, node_args, run_dir(env), node_registry())

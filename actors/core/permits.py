@@ -35,12 +35,12 @@ import enum
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from typing import Literal
 
 import attrs
 
-from actors.core import LogLine, range_checked
+from actors.core import LogLine
 
 __all__ = [
     "FLUSH_STREAMS",
@@ -63,7 +63,7 @@ __all__ = [
     "Refused",
     "call_timeout",
     "limits_for",
-    "policy_from_config",
+    "policy_from_settings",
     "queue_deadline",
 ]
 
@@ -154,47 +154,52 @@ class PermitPolicy:
         return Limits(self.register, self.inventory, min(self.replay, self.register))
 
 
-# Keys. upstream_register_concurrency, upstream_replay_concurrency, upstream_call_timeout_ms and
-# upstream_rpc_timeout_ms are the seed's; the inventory pool and the queue size are "name not in
-# text" (SPEC_INDEX C48, C50), so those two names are this rebuild's choice. The seed gives no
-# ranges: these bound only what cannot work (below 1) or is absurd.
-REGISTER_KEY = "upstream_register_concurrency"
-INVENTORY_KEY = "upstream_inventory_concurrency"
+# The register and replay keys are the seed's; upstream_register_concurrency and the others are
+# declared, range-checked and logged once by the configuration (gateway/config/keys/upstream.py),
+# so the policy takes typed values. The one rule that spans two keys lives here: the replay cap
+# cannot exceed the register pool it draws from.
 REPLAY_KEY = "upstream_replay_concurrency"
-QUEUE_KEY = "upstream_permit_queue_max"
-CALL_TIMEOUT_KEY = "upstream_call_timeout_ms"
-RPC_TIMEOUT_KEY = "upstream_rpc_timeout_ms"
-_CONCURRENCY_MAX = 4096
-_QUEUE_MAX = 1_000_000
-_TIMEOUT_RANGE_MS = (1, 3_600_000)
+REGISTER_KEY = "upstream_register_concurrency"
 _WHERE = "Upstream client tuning: "
+REPLAY_ABOVE_REGISTER = (
+    _WHERE + "{replay_key} is {replay}, above {register_key} ({register}); "
+    "the default {default} (half of the register pool) is used instead"
+)
 
 
-def policy_from_config(app_env: Mapping[str, object]) -> tuple[PermitPolicy, list[LogLine]]:
-    """The policy from the application env (no YUZU_GW_* variable maps to these keys). A bad
-    value logs a WARN naming the key and the default is used. The replay cap defaults to half
-    of the register pool, so it shrinks with it."""
+def policy_from_settings(
+    *,
+    register: int,
+    inventory: int,
+    replay: int | None,
+    queue_max: int,
+    call_timeout_ms: int,
+    rpc_timeout_ms: int,
+) -> tuple[PermitPolicy, list[LogLine]]:
+    """The policy from the settings as the configuration resolved them. `replay` None means
+    unset: half of the register pool, so it shrinks with it. A replay cap above the register
+    pool logs a WARN naming the key and takes that default."""
     lines: list[LogLine] = []
-
-    def read(key: str, default: int, lo: int, hi: int) -> int:
-        value, warning = range_checked(key, app_env.get(key), default, lo, hi, where=_WHERE)
-        if warning is not None:
-            lines.append(warning)
-        return value
-
-    register = read(REGISTER_KEY, 48, 1, _CONCURRENCY_MAX)
-    inventory = read(INVENTORY_KEY, 8, 1, _CONCURRENCY_MAX)
-    replay = read(REPLAY_KEY, max(1, register // 2), 1, register)
-    queue_max = read(QUEUE_KEY, 10_000, 1, _QUEUE_MAX)
-    call_ms = read(CALL_TIMEOUT_KEY, 25_000, *_TIMEOUT_RANGE_MS)
-    rpc_ms = read(RPC_TIMEOUT_KEY, 5_000, *_TIMEOUT_RANGE_MS)
+    default_replay = max(1, register // 2)
+    if replay is None:
+        replay = default_replay
+    elif replay > register:
+        text = REPLAY_ABOVE_REGISTER.format(
+            replay_key=REPLAY_KEY,
+            replay=replay,
+            register_key=REGISTER_KEY,
+            register=register,
+            default=default_replay,
+        )
+        lines.append(LogLine("warning", text))
+        replay = default_replay
     policy = PermitPolicy(
         register=register,
         inventory=inventory,
         replay=replay,
         queue_max=queue_max,
-        call_timeout_s=call_ms / 1000.0,
-        rpc_timeout_s=rpc_ms / 1000.0,
+        call_timeout_s=call_timeout_ms / 1000.0,
+        rpc_timeout_s=rpc_timeout_ms / 1000.0,
     )
     return policy, lines
 

@@ -6,6 +6,7 @@ admissions, results and time against a small reference model.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -23,12 +24,6 @@ from hypothesis.stateful import (
 from actors.core import LogLine, range_checked
 from actors.core.backoff import TOO_MANY_STREAMS, Doubling
 from actors.core.breaker import (
-    MAX_RESET_TIMEOUT_ENV,
-    MAX_RESET_TIMEOUT_KEY,
-    RESET_TIMEOUT_ENV,
-    RESET_TIMEOUT_KEY,
-    THRESHOLD_ENV,
-    THRESHOLD_KEY,
     Breaker,
     BreakerPolicy,
     Lane,
@@ -42,8 +37,16 @@ from actors.core.breaker import (
     Verdict,
     classify,
     classify_status,
-    policy_from_config,
+    policy_from_settings,
 )
+from gateway.config.keys import SCHEMA
+from gateway.config.keys.breaker import (
+    CIRCUIT_BREAKER_FAILURE_THRESHOLD,
+    CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS,
+    CIRCUIT_BREAKER_RESET_TIMEOUT_MS,
+)
+from gateway.config.resolve import resolve_section
+from gateway.config.terms import parse_term
 
 S, F, N = Verdict.SUCCESS, Verdict.FAILURE, Verdict.NEUTRAL
 
@@ -297,68 +300,80 @@ def test_results_admitted_before_the_breaker_opened_are_ignored() -> None:
 # --- configuration ------------------------------------------------------------------------------
 
 
+def resolved(env: dict[str, str] | None = None, **app: int) -> BreakerPolicy:
+    """The policy from a resolved configuration, as the upstream actor builds it."""
+    text = "[" + ", ".join(f"{{{k}, {v}}}" for k, v in app.items()) + "]."
+    config = resolve_section(SCHEMA, parse_term(text), env or {}, "test.config")
+    return policy_from_settings(
+        threshold=config[CIRCUIT_BREAKER_FAILURE_THRESHOLD],
+        reset_timeout_ms=config[CIRCUIT_BREAKER_RESET_TIMEOUT_MS],
+        max_reset_timeout_ms=config[CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS],
+    )
+
+
 def test_defaults() -> None:
-    policy, warnings = policy_from_config({}, {})
-    assert policy == BreakerPolicy(threshold=5, base_s=10.0, cap_s=30.0)
-    assert warnings == []
+    assert resolved() == BreakerPolicy(threshold=5, base_s=10.0, cap_s=30.0)
 
 
 def test_keys_and_env_overrides() -> None:
-    app = {THRESHOLD_KEY: 7, RESET_TIMEOUT_KEY: 2000, MAX_RESET_TIMEOUT_KEY: 60_000}
-    policy, lines_ = policy_from_config(app, {})
+    app = {
+        "circuit_breaker_failure_threshold": 7,
+        "circuit_breaker_reset_timeout_ms": 2000,
+        "circuit_breaker_max_reset_timeout_ms": 60_000,
+    }
+    policy = resolved(**app)
     assert (policy.threshold, policy.base_s, policy.cap_s) == (7, 2.0, 60.0)
-    assert lines_ == []
-    policy, lines_ = policy_from_config(app, {THRESHOLD_ENV: "9", RESET_TIMEOUT_ENV: "500"})
+    env = {
+        "YUZU_GW_CIRCUIT_BREAKER_FAILURE_THRESHOLD": "9",
+        "YUZU_GW_CIRCUIT_BREAKER_RESET_TIMEOUT_MS": "500",
+    }
+    policy = resolved(env, **app)
     assert (policy.threshold, policy.base_s, policy.cap_s) == (9, 0.5, 60.0)
-    assert LogLine("info", f"ENV override: {THRESHOLD_ENV}=9 replaces {THRESHOLD_KEY}") in lines_
 
 
 @pytest.mark.parametrize(
     ("app", "env", "expected_warning"),
     [
         (
-            {THRESHOLD_KEY: 0},
+            {"circuit_breaker_failure_threshold": 0},
             {},
-            "Circuit breaker tuning: circuit_breaker_failure_threshold is 0, not an integer "
-            "from 1 to 1000; the default 5 is used instead",
+            "circuit_breaker_failure_threshold is 0, not an integer from 1 to 1000",
         ),
         (
             {},
-            {THRESHOLD_ENV: "1001"},
-            f"Circuit breaker tuning: {THRESHOLD_ENV} (overrides {THRESHOLD_KEY}) is '1001', not "
-            "an integer from 1 to 1000; the default 5 is used instead",
+            {"YUZU_GW_CIRCUIT_BREAKER_FAILURE_THRESHOLD": "1001"},
+            "YUZU_GW_CIRCUIT_BREAKER_FAILURE_THRESHOLD is 1001, not an integer from 1 to 1000",
         ),
         (
-            {RESET_TIMEOUT_KEY: 99},
+            {"circuit_breaker_reset_timeout_ms": 99},
             {},
-            "Circuit breaker tuning: circuit_breaker_reset_timeout_ms is 99, not an integer "
-            "from 100 to 3600000; the default 10000 is used instead",
-        ),
-        (
-            {MAX_RESET_TIMEOUT_KEY: "30s"},
-            {},
-            "Circuit breaker tuning: circuit_breaker_max_reset_timeout_ms is '30s', not an "
-            "integer from 100 to 3600000; the default 30000 is used instead",
+            "circuit_breaker_reset_timeout_ms is 99, not an integer from 100 to 3600000",
         ),
     ],
 )
 def test_bad_values_warn_naming_the_key_and_take_the_default(
-    app: dict[str, object], env: dict[str, str], expected_warning: str
+    caplog: pytest.LogCaptureFixture,
+    app: dict[str, int],
+    env: dict[str, str],
+    expected_warning: str,
 ) -> None:
-    policy, lines_ = policy_from_config(app, env)
-    assert lines_ == [LogLine("warning", expected_warning)]
-    assert policy == BreakerPolicy()
+    """The configuration checks each value once (gateway/config/keys/breaker.py)."""
+    caplog.set_level(logging.WARNING, logger="yuzu_gw.config")
+    assert resolved(env, **app) == BreakerPolicy()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "yuzu_gw.config"]
+    assert expected_warning in warning
 
 
 def test_a_bad_env_value_takes_the_default_not_the_key() -> None:
-    policy, _ = policy_from_config({THRESHOLD_KEY: 7}, {THRESHOLD_ENV: "x"})
-    assert policy.threshold == 5
+    env = {"YUZU_GW_CIRCUIT_BREAKER_FAILURE_THRESHOLD": "1001"}
+    assert resolved(env, circuit_breaker_failure_threshold=7).threshold == 5
 
 
 def test_the_maximum_is_never_below_the_base() -> None:
-    policy, lines_ = policy_from_config({RESET_TIMEOUT_KEY: 60_000}, {MAX_RESET_TIMEOUT_ENV: "100"})
+    policy = policy_from_settings(
+        threshold=5, reset_timeout_ms=60_000, max_reset_timeout_ms=100
+    )
     assert policy.base_s == 60.0 and policy.cap_s == 60.0
-    assert all(line.level == "info" for line in lines_)
 
 
 @pytest.mark.parametrize("raw", [True, 1.5, "", " ", "1e3", "²", None, [], "-"])
@@ -375,7 +390,7 @@ def test_range_checked_echo_is_bounded() -> None:
 
 @given(st.integers(-10, 2000))
 def test_threshold_range(value: int) -> None:
-    got, warning = range_checked(THRESHOLD_KEY, value, 5, 1, 1000)
+    got, warning = range_checked("circuit_breaker_failure_threshold", value, 5, 1, 1000)
     assert (got, warning is None) == ((value, True) if 1 <= value <= 1000 else (5, False))
 
 

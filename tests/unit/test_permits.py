@@ -16,11 +16,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from actors.core import LogLine
 from actors.core.permits import (
-    CALL_TIMEOUT_KEY,
-    INVENTORY_KEY,
-    QUEUE_KEY,
-    REGISTER_KEY,
-    REPLAY_KEY,
     RESERVED_STREAMS,
     Caller,
     DuplicateRequestError,
@@ -34,7 +29,7 @@ from actors.core.permits import (
     Refused,
     call_timeout,
     limits_for,
-    policy_from_config,
+    policy_from_settings,
     queue_deadline,
 )
 
@@ -304,20 +299,39 @@ def test_stale_entries_are_compacted() -> None:
 # --- configuration ------------------------------------------------------------------------------
 
 
-def test_policy_from_config() -> None:
-    policy, warnings = policy_from_config({})
+def settings_(**overrides: int | None) -> tuple[PermitPolicy, list[LogLine]]:
+    values: dict[str, int | None] = {
+        "register": 48,
+        "inventory": 8,
+        "replay": None,
+        "queue_max": 10_000,
+        "call_timeout_ms": 25_000,
+        "rpc_timeout_ms": 5_000,
+    }
+    values.update(overrides)
+    return policy_from_settings(**values)  # type: ignore[arg-type]
+
+
+def test_policy_from_settings() -> None:
+    policy, warnings = settings_()
     assert policy == PermitPolicy() and warnings == []
-    policy, warnings = policy_from_config({REGISTER_KEY: 20})
+    policy, warnings = settings_(register=20)
     assert policy.configured == Limits(20, 8, 10)  # replay defaults to half of register
-    policy, warnings = policy_from_config(
-        {REGISTER_KEY: 0, INVENTORY_KEY: "x", REPLAY_KEY: 100, QUEUE_KEY: 5, CALL_TIMEOUT_KEY: 10}
-    )
-    assert policy.configured == CONFIGURED and policy.queue_max == 5
-    assert policy.call_timeout_s == 0.01
-    assert [w.text.split(" is ")[0] for w in warnings] == [
-        "Upstream client tuning: upstream_register_concurrency",
-        "Upstream client tuning: upstream_inventory_concurrency",
-        "Upstream client tuning: upstream_replay_concurrency",
+    policy, warnings = settings_(queue_max=5, call_timeout_ms=10, replay=12)
+    assert policy.configured == Limits(48, 8, 12) and policy.queue_max == 5
+    assert policy.call_timeout_s == 0.01 and warnings == []
+
+
+def test_a_replay_cap_above_the_register_pool_warns_and_takes_half() -> None:
+    policy, warnings = settings_(register=20, replay=100)
+    assert policy.configured == Limits(20, 8, 10)
+    assert warnings == [
+        LogLine(
+            "warning",
+            "Upstream client tuning: upstream_replay_concurrency is 100, above "
+            "upstream_register_concurrency (20); the default 10 (half of the register pool) "
+            "is used instead",
+        )
     ]
 
 

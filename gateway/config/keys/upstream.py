@@ -1,6 +1,10 @@
-"""Keys of the upstream client: dead look-alikes, the test acknowledgement, the channel's TCP
-option and the call permits. The upstream_client channel map itself comes with the upstream
-issue.
+"""Keys of the upstream client: the channel map (`upstream_client`), dead look-alikes, the test
+acknowledgement, the channel's TCP option and the call permits.
+
+`upstream_client` is parsed by `gateway/upstream/client_config.py`, which refuses a shape it
+cannot use with its own defect names; its file and environment checks run at boot
+(`gateway/upstream/boot_check.py`), not here, so a config file can be read and validated
+without the TLS files being present.
 
 The permit keys mirror `actors/core/permits.py` (its names, defaults and bounds): the manual
 gives the defaults and "WARN, default used" but no bounds, so the bounds only refuse what
@@ -11,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config.converters import AnyTerm, Boolean, IntRange, LiteralTrue, OrUndefined
-from gateway.config.schema import Key, NameOrigin, NoEffectVariable
+from gateway.config.schema import Key, NameOrigin, NoEffectVariable, Refuse
 from gateway.config.terms import Atom, Term
+from gateway.upstream.client_config import ClientConfigConverter, ClientSpec
 
 AREA = "upstream"
 _START = "upstream client start"
@@ -45,6 +50,23 @@ UPSTREAM_POOL_SIZE = _dead("upstream_pool_size", "16")
 NO_EFFECT_ENV = (
     NoEffectVariable("YUZU_GW_UPSTREAM_ADDR", "no effect: repoint the channel endpoint"),
     NoEffectVariable("YUZU_GW_UPSTREAM_PORT", "no effect: repoint the channel endpoint"),
+)
+
+UPSTREAM_CLIENT: Key[ClientSpec | None] = Key(
+    name="upstream_client",
+    default=Atom("undefined"),
+    convert=ClientConfigConverter(),
+    read_when="boot (parsed with the config; TLS files checked before anything starts)",
+    doc="The upstream channels: #{channels => [{default_channel, [{http | https, Host, Port,"
+    " SslOptions}], #{pool_size => 1}}]}. Options, refusals and warnings:"
+    " docs/upstream-channel.md.",
+    area=AREA,
+    on_bad=Refuse("bad_client_config"),
+    default_doc="none (no channel; boot is refused unless allow_no_upstream is true)",
+    bad_doc="refuse boot: `bad_client_config`, `bad_channel`, `bad_endpoint`, `bad_host`,"
+    " `bad_socket_options`, `mixed_upstream_endpoints`, `no_default_channel`,"
+    " `unverified_upstream_tls`, `unusable_upstream_tls_file`; a bad pool_size,"
+    " connect_timeout or max_receive_message_bytes: WARN, default used",
 )
 
 ALLOW_NO_UPSTREAM: Key[bool] = Key(
@@ -130,6 +152,7 @@ UPSTREAM_RPC_TIMEOUT_MS: Key[int] = Key(
 )
 
 KEYS: tuple[Key[Any], ...] = (
+    UPSTREAM_CLIENT,
     UPSTREAM_ADDR,
     UPSTREAM_PORT,
     UPSTREAM_POOL_SIZE,

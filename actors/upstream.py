@@ -1,0 +1,306 @@
+"""`upstream`: the actor that owns the circuit breaker every upstream lane shares.
+
+The Erlang gateway's yuzu_gw_upstream. What it does now (issue 3):
+
+- owns the `Breaker` core (actors/core/breaker.py) and feeds it the outcome of every upstream
+  call, which callers `tell` it (`Outcome`): request processes do their RPCs themselves
+  (gateway/upstream/calls.py), so this actor never waits on the server;
+- arms a timer at the end of each open period so the breaker goes half-open on time;
+- carries out the core's effects: the transition lines (never rate limited), the breaker
+  state published in the protected table `upstream_state` (key `breaker`), which callers,
+  `/readyz` (`circuit_breaker`) and metrics read without a message (seed: "A slow server is not
+  a readiness input"), and the breaker metrics;
+- counts `yuzu_gw_upstream_rpc_errors_total` and logs the RPC failure lines, so both happen in
+  one place whichever lane failed.
+
+Later issues add the stream-status notification store (held notifications, the half-open
+probe: `_on_probe_ready` is where the drain starts) and the registration replay. Keep each
+concern in its own section of `receiveMessage` and its own helper.
+
+Results are matched to the breaker period they were admitted in by the `epoch` of the view the
+caller read; `incarnation` tells this actor's periods from a previous (crashed) one's, whose
+late results must not count here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from grpclib.const import Status
+from thespian.actors import WakeupMessage
+
+from actors.core import LogLine
+from actors.core.breaker import (
+    REQUEST_FAULT_STATUSES,
+    Breaker,
+    Effect,
+    Lane,
+    ProbeReady,
+    PublishState,
+    ResultKind,
+    State,
+    Ticket,
+    Transition,
+    Verdict,
+    classify,
+    policy_from_settings,
+)
+from actors.core.warn_limit import WarnLimiter
+from gateway.config.keys.breaker import (
+    CIRCUIT_BREAKER_FAILURE_THRESHOLD,
+    CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS,
+    CIRCUIT_BREAKER_RESET_TIMEOUT_MS,
+)
+from gateway.upstream.metrics import UpstreamMetrics, rpc_name, upstream_metrics
+from supervisors.address import Address
+from supervisors.process import Process
+
+if TYPE_CHECKING:
+    from gateway.context import NodeContext
+    from supervisors.runtime import LoopSystemBase
+
+__all__ = [
+    "BREAKER_KEY",
+    "NAME",
+    "STATE_TABLE",
+    "BreakerView",
+    "GetBreaker",
+    "Outcome",
+    "Upstream",
+    "breaker_view",
+    "readiness_checks",
+]
+
+log = logging.getLogger("yuzu_gw.upstream")
+
+NAME = "upstream"
+STATE_TABLE = "upstream_state"
+BREAKER_KEY = "breaker"
+_POLL = "breaker_poll"
+# The channel's detail for a stream the server reset (REFUSED_STREAM, ...): gateway/upstream/
+# failures.py writes "stream_error (<code>)".
+STREAM_ERROR = "stream_error"
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+# One per actor instance in this process: a restarted actor starts its epochs at 0 again, so the
+# epoch alone cannot tell its periods from its predecessor's.
+_incarnations = itertools.count(1)
+
+
+# --- messages and the published view -------------------------------------------------------------
+
+
+@attrs.frozen
+class BreakerView:
+    """What the actor publishes at every transition (table `upstream_state`, key `breaker`)."""
+
+    state: State
+    epoch: int
+    reset_s: float
+    incarnation: int
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is State.OPEN
+
+
+@attrs.frozen
+class Outcome:
+    """How one upstream call ended (tell). `incarnation` and `epoch` are those of the view the
+    caller read when it was admitted. `detail` is safe to log (UpstreamCallError.detail)."""
+
+    incarnation: int
+    epoch: int
+    lane: Lane
+    method: str
+    kind: ResultKind
+    status: int | None = None
+    detail: str = ""
+
+
+@attrs.frozen
+class GetBreaker:
+    """Ask: answered with the current `BreakerView` (tests and the console)."""
+
+
+# --- reading the published state (no message) -----------------------------------------------------
+
+
+def breaker_view(runtime: LoopSystemBase) -> BreakerView | None:
+    """The state the upstream actor published, or None while it is not running."""
+    table = runtime.table(STATE_TABLE)
+    if table is None:
+        return None
+    view = table.get(BREAKER_KEY)
+    return view if isinstance(view, BreakerView) else None
+
+
+def readiness_checks(runtime: LoopSystemBase) -> dict[str, Callable[[], bool]]:
+    """`upstream` (the actor is alive; it says nothing about the server, seed HL-05) and
+    `circuit_breaker` (the published state is not open, read from the table, HL-04). While the
+    actor is down there is no state: `circuit_breaker` then passes and `upstream` fails."""
+
+    def upstream_alive() -> bool:
+        return runtime.whereis(NAME) is not None
+
+    def breaker_not_open() -> bool:
+        view = breaker_view(runtime)
+        return view is None or not view.is_open
+
+    return {"upstream": upstream_alive, "circuit_breaker": breaker_not_open}
+
+
+# --- the actor -----------------------------------------------------------------------------------
+
+
+def _status_name(status: int | None) -> str:
+    try:
+        return Status(status).name if status is not None else "UNKNOWN"
+    except ValueError:
+        return str(status)
+
+
+def error_code(kind: ResultKind, status: int | None, detail: str = "") -> str:
+    """The `code` label of yuzu_gw_upstream_rpc_errors_total: the gRPC status name in lower
+    case (`unavailable`), `stream_error` for a stream the server reset (the seed's name for it),
+    or the local kind (`timeout`, `transport`, `encode`, `exception`, `too_many_streams`, ...)."""
+    if kind is ResultKind.STATUS:
+        return _status_name(status).lower()
+    if kind is ResultKind.TRANSPORT and detail.startswith(STREAM_ERROR):
+        return STREAM_ERROR
+    return kind.value
+
+
+class Upstream(Process):
+    def init(self, args: NodeContext) -> None:
+        config = args.config
+        policy = policy_from_settings(
+            threshold=config[CIRCUIT_BREAKER_FAILURE_THRESHOLD],
+            reset_timeout_ms=config[CIRCUIT_BREAKER_RESET_TIMEOUT_MS],
+            max_reset_timeout_ms=config[CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS],
+        )
+        # Callers admit themselves by reading the published state (no message per call), which
+        # is only right when a half-open breaker admits call-path RPCs (the seed's observed
+        # behaviour, the policy's default).
+        assert policy.half_open_admits_calls
+        self.breaker = Breaker(policy)
+        self.incarnation = next(_incarnations)
+        self.metrics: UpstreamMetrics = upstream_metrics(args.registry)
+        self.table = self.new_table(STATE_TABLE)
+        self.limiter = WarnLimiter()
+        self._poll_timer: Any = None
+        self._perform([self.breaker.published()])
+
+    # -- messages --
+
+    def receiveMessage(self, msg: Any, sender: Address) -> None:
+        match msg:
+            case Outcome():
+                self._on_outcome(msg)
+            case WakeupMessage(payload=payload) if payload == _POLL:
+                self._poll_timer = None
+                self._perform(self.breaker.poll(self.now()))
+            case GetBreaker():
+                self.send(sender, self._view())
+            case _:
+                pass
+
+    def format_status(self) -> Mapping[str, Any]:
+        # Counts and states only: later issues hold requests here, which must never show.
+        breaker = self.breaker
+        return {
+            "breaker": breaker.state.value,
+            "consecutive_failures": breaker.failures,
+            "reset_ms": round(breaker.reset_s * 1000),
+            "epoch": breaker.epoch,
+            "probe_out": breaker.probe_out,
+        }
+
+    # -- the breaker --
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        now = self.now()
+        self._count_and_log(outcome, now)
+        if outcome.incarnation != self.incarnation or outcome.epoch > self.breaker.epoch:
+            return  # admitted under a previous actor: its periods are over
+        verdict = classify(outcome.kind, outcome.lane, outcome.status)
+        reason = ""
+        if verdict is Verdict.FAILURE:
+            # For the reopen line: the status name, or the channel's word for a local failure
+            # (econnrefused, closed, unknown_ca, ...), as the Erlang gateway printed it.
+            reason = error_code(outcome.kind, outcome.status, outcome.detail)
+            if outcome.kind is not ResultKind.STATUS and outcome.detail:
+                reason = outcome.detail
+        ticket = Ticket(outcome.epoch, probe=False)
+        self._perform(self.breaker.record(ticket, verdict, now, reason))
+
+    def _perform(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Transition(previous=previous, current=current, line=line):
+                    self._log(line)
+                    self.metrics.breaker_transitions.labels(previous.value, current.value).inc()
+                case PublishState(state=state):
+                    self.table.insert(BREAKER_KEY, self._view())
+                    self.metrics.set_breaker_state(state)
+                case ProbeReady():
+                    self._on_probe_ready()
+        self._arm_poll()
+
+    def _view(self) -> BreakerView:
+        b = self.breaker
+        return BreakerView(b.state, b.epoch, b.reset_s, self.incarnation)
+
+    def _arm_poll(self) -> None:
+        deadline = self.breaker.next_deadline()
+        if deadline is None or self._poll_timer is not None:
+            return
+        self._poll_timer = self.wakeupAfter(max(0.0, deadline - self.now()), _POLL)
+
+    def _on_probe_ready(self) -> None:
+        """The half-open probe slot is free. The notification store (a later issue) sends its
+        head notification as the probe from here; until then call-path RPCs decide."""
+
+    # -- errors: metric and log line --
+
+    def _count_and_log(self, outcome: Outcome, now: float) -> None:
+        if outcome.kind in (ResultKind.OK, ResultKind.UNACKNOWLEDGED):
+            return
+        code = error_code(outcome.kind, outcome.status, outcome.detail)
+        self.metrics.rpc_errors.labels(code, rpc_name(outcome.method)).inc()
+        method = outcome.method.rsplit("/", 1)[-1]
+        detail = f" {outcome.detail}" if outcome.detail else ""
+        if outcome.kind is ResultKind.TOO_MANY_STREAMS:
+            # The gateway's own HTTP/2 client refused it; the call re-asks for a permit.
+            log.debug("Upstream RPC %s refused locally: too_many_streams", method)
+        elif outcome.kind is ResultKind.STATUS:
+            line = f"Upstream RPC {method} failed: {_status_name(outcome.status)}{detail}"
+            # Seed: limited for the five request-fault statuses only; any other status is not.
+            limited = outcome.status in REQUEST_FAULT_STATUSES
+            self._warn(line, ("failed", method, outcome.status) if limited else None, now)
+        elif outcome.kind in (ResultKind.ENCODE, ResultKind.EXCEPTION):
+            line = f"Upstream RPC {method} raised {outcome.kind.value}:{outcome.detail or '-'}"
+            self._warn(line, ("raised", method), now)
+        else:
+            self._warn(f"Upstream RPC {method} failed: {code}{detail}", None, now)
+
+    def _warn(self, line: str, kind: object, now: float) -> None:
+        if kind is None:
+            log.warning("%s", line)
+            return
+        suffix = self.limiter.admit(kind, now)
+        if suffix is not None:
+            log.warning("%s%s", line, suffix)
+
+    @staticmethod
+    def _log(line: LogLine) -> None:
+        log.log(_LEVELS[line.level], "%s", line.text)
