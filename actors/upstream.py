@@ -1,21 +1,22 @@
 """`upstream`: the actor that owns the circuit breaker every upstream lane shares.
 
-The Erlang gateway's yuzu_gw_upstream. What it does now (issue 3):
+The Erlang gateway's yuzu_gw_upstream. This module is the router: it owns the breaker shell and
+hands every other message to the lane that owns it.
 
-- owns the `Breaker` core (actors/core/breaker.py) and feeds it the outcome of every upstream
-  call, which callers `tell` it (`Outcome`): request processes do their RPCs themselves
-  (gateway/upstream/calls.py), so this actor never waits on the server;
-- arms a timer at the end of each open period so the breaker goes half-open on time;
-- carries out the core's effects: the transition lines (never rate limited), the breaker
-  state published in the protected table `upstream_state` (key `breaker`), which callers,
-  `/readyz` (`circuit_breaker`) and metrics read without a message (seed: "A slow server is not
-  a readiness input"), and the breaker metrics;
-- counts `yuzu_gw_upstream_rpc_errors_total` and logs the RPC failure lines, so both happen in
-  one place whichever lane failed.
+- The breaker (this module): the `Breaker` core (actors/core/breaker.py) fed with the outcome
+  of every upstream call. Request processes do their RPCs themselves (gateway/upstream/calls.py)
+  and `tell` their `Outcome`; the lanes below hand theirs to `record`, so the RPC error metric,
+  the failure lines and the breaker see every lane the same way. A timer at the end of each open
+  period moves the breaker to half open on time; the effects are the transition lines (never
+  rate limited), the state published in the protected table `upstream_state` (key `breaker`,
+  read by callers, `/readyz` and metrics without a message) and the breaker metrics.
+- Stream-status notifications (actors/upstream_notify.py): `Notify` from the agent owners, the
+  held store's workers and timers, the half-open probe (a transition to closed and the breaker's
+  ProbeReady start a drain), and the planned-stop flush (`FlushNotifications`, `RaiseNotifyCap`).
+- Guardian forwards (actors/upstream_guardian.py): `ForwardGuardian` from the agent owners.
 
-Later issues add the stream-status notification store (held notifications, the half-open
-probe: `_on_probe_ready` is where the drain starts) and the registration replay. Keep each
-concern in its own section of `receiveMessage` and its own helper.
+The registration replay (issue 5) will be a third lane here. The actor never waits on the
+server: every RPC runs as a worker and comes back as a `WorkerDone` routed by its tag.
 
 Results are matched to the breaker period they were admitted in by the `epoch` of the view the
 caller read; `incarnation` tells this actor's periods from a previous (crashed) one's, whose
@@ -50,6 +51,17 @@ from actors.core.breaker import (
     policy_from_settings,
 )
 from actors.core.warn_limit import WarnLimiter
+from actors.upstream_guardian import GuardianLane, GuardianWork
+from actors.upstream_lane import CallResult
+from actors.upstream_messages import ForwardGuardian, Notify
+from actors.upstream_notify import (
+    FlushDone,
+    FlushNotifications,
+    NotifyLane,
+    NotifyTimer,
+    NotifyWork,
+    RaiseNotifyCap,
+)
 from gateway.config.keys.breaker import (
     CIRCUIT_BREAKER_FAILURE_THRESHOLD,
     CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS,
@@ -57,7 +69,9 @@ from gateway.config.keys.breaker import (
 )
 from gateway.upstream.metrics import UpstreamMetrics, rpc_name, upstream_metrics
 from supervisors.address import Address
+from supervisors.messages import WorkerDone
 from supervisors.process import Process
+from supervisors.reason import ExitReason
 
 if TYPE_CHECKING:
     from gateway.context import NodeContext
@@ -68,8 +82,11 @@ __all__ = [
     "NAME",
     "STATE_TABLE",
     "BreakerView",
+    "FlushDone",
+    "FlushNotifications",
     "GetBreaker",
     "Outcome",
+    "RaiseNotifyCap",
     "Upstream",
     "breaker_view",
     "readiness_checks",
@@ -198,7 +215,15 @@ class Upstream(Process):
         self.table = self.new_table(STATE_TABLE)
         self.limiter = WarnLimiter()
         self._poll_timer: Any = None
-        self._perform([self.breaker.published()])
+        # The lanes before the first effects: a transition drains the notification lane.
+        self.notify = NotifyLane(self, args, self.metrics.notify)
+        self.guardian = GuardianLane(self, args, self.metrics.guardian)
+        self.perform([self.breaker.published()])
+
+    def terminate(self, reason: ExitReason) -> None:
+        # The store is memory only and dies here; its gauges must not report it afterwards.
+        self.notify.detach()
+        self.guardian.detach()
 
     # -- messages --
 
@@ -206,16 +231,30 @@ class Upstream(Process):
         match msg:
             case Outcome():
                 self._on_outcome(msg)
+            case Notify():
+                self.notify.on_notify(msg)
+            case ForwardGuardian():
+                self.guardian.on_forward(msg)
+            case WorkerDone(tag=NotifyWork()):
+                self.notify.on_done(msg)
+            case WorkerDone(tag=GuardianWork()):
+                self.guardian.on_done(msg)
+            case WakeupMessage(payload=NotifyTimer() as timer):
+                self.notify.on_timer(timer)
             case WakeupMessage(payload=payload) if payload == _POLL:
                 self._poll_timer = None
-                self._perform(self.breaker.poll(self.now()))
+                self.perform(self.breaker.poll(self.now()))
+            case FlushNotifications():
+                self.notify.on_flush(msg, sender)
+            case RaiseNotifyCap():
+                self.notify.on_raise_cap(msg)
             case GetBreaker():
                 self.send(sender, self._view())
             case _:
                 pass
 
     def format_status(self) -> Mapping[str, Any]:
-        # Counts and states only: later issues hold requests here, which must never show.
+        # Counts and states only: the lanes hold agent and session ids, which must never show.
         breaker = self.breaker
         return {
             "breaker": breaker.state.value,
@@ -223,38 +262,54 @@ class Upstream(Process):
             "reset_ms": round(breaker.reset_s * 1000),
             "epoch": breaker.epoch,
             "probe_out": breaker.probe_out,
+            **self.notify.status(),
+            **self.guardian.status(),
         }
 
-    # -- the breaker --
+    # -- the breaker shell --
 
     def _on_outcome(self, outcome: Outcome) -> None:
-        now = self.now()
-        self._count_and_log(outcome, now)
         if outcome.incarnation != self.incarnation or outcome.epoch > self.breaker.epoch:
-            return  # admitted under a previous actor: its periods are over
-        verdict = classify(outcome.kind, outcome.lane, outcome.status)
+            # Admitted under a previous actor: its periods are over. Still an RPC error.
+            self._count_and_log(outcome.kind, outcome.method, outcome.status, outcome.detail)
+            return
+        result = CallResult(outcome.kind, outcome.status, outcome.detail)
+        self.record(Ticket(outcome.epoch, probe=False), outcome.lane, outcome.method, result)
+
+    def record(self, ticket: Ticket, lane: Lane, method: str, result: CallResult) -> None:
+        """One upstream call's result, whichever lane made it: the RPC error metric and line,
+        then the breaker, in the period `ticket` was admitted in."""
+        now = self.now()
+        kind, status, detail = result.kind, result.status, result.detail
+        self._count_and_log(kind, method, status, detail, now)
+        verdict = classify(kind, lane, status)
         reason = ""
         if verdict is Verdict.FAILURE:
             # For the reopen line: the status name, or the channel's word for a local failure
             # (econnrefused, closed, unknown_ca, ...), as the Erlang gateway printed it.
-            reason = error_code(outcome.kind, outcome.status, outcome.detail)
-            if outcome.kind is not ResultKind.STATUS and outcome.detail:
-                reason = outcome.detail
-        ticket = Ticket(outcome.epoch, probe=False)
-        self._perform(self.breaker.record(ticket, verdict, now, reason))
+            reason = error_code(kind, status, detail)
+            if kind is not ResultKind.STATUS and detail:
+                reason = detail
+        self.perform(self.breaker.record(ticket, verdict, now, reason))
 
-    def _perform(self, effects: list[Effect]) -> None:
+    def perform(self, effects: list[Effect]) -> None:
+        """Carry out breaker effects. A transition to closed, or a free probe slot, starts a
+        notification drain: held notifications wait for exactly these moments."""
+        drain = False
         for effect in effects:
             match effect:
                 case Transition(previous=previous, current=current, line=line):
                     self._log(line)
                     self.metrics.breaker_transitions.labels(previous.value, current.value).inc()
+                    drain = drain or current is State.CLOSED
                 case PublishState(state=state):
                     self.table.insert(BREAKER_KEY, self._view())
                     self.metrics.set_breaker_state(state)
                 case ProbeReady():
-                    self._on_probe_ready()
+                    drain = True
         self._arm_poll()
+        if drain:
+            self.notify.drain()
 
     def _view(self) -> BreakerView:
         b = self.breaker
@@ -266,29 +321,33 @@ class Upstream(Process):
             return
         self._poll_timer = self.wakeupAfter(max(0.0, deadline - self.now()), _POLL)
 
-    def _on_probe_ready(self) -> None:
-        """The half-open probe slot is free. The notification store (a later issue) sends its
-        head notification as the probe from here; until then call-path RPCs decide."""
-
     # -- errors: metric and log line --
 
-    def _count_and_log(self, outcome: Outcome, now: float) -> None:
-        if outcome.kind in (ResultKind.OK, ResultKind.UNACKNOWLEDGED):
+    def _count_and_log(
+        self,
+        kind: ResultKind,
+        method_path: str,
+        status: int | None,
+        detail_text: str,
+        now: float | None = None,
+    ) -> None:
+        if kind in (ResultKind.OK, ResultKind.UNACKNOWLEDGED):
             return
-        code = error_code(outcome.kind, outcome.status, outcome.detail)
-        self.metrics.rpc_errors.labels(code, rpc_name(outcome.method)).inc()
-        method = outcome.method.rsplit("/", 1)[-1]
-        detail = f" {outcome.detail}" if outcome.detail else ""
-        if outcome.kind is ResultKind.TOO_MANY_STREAMS:
+        now = self.now() if now is None else now
+        code = error_code(kind, status, detail_text)
+        self.metrics.rpc_errors.labels(code, rpc_name(method_path)).inc()
+        method = method_path.rsplit("/", 1)[-1]
+        detail = f" {detail_text}" if detail_text else ""
+        if kind is ResultKind.TOO_MANY_STREAMS:
             # The gateway's own HTTP/2 client refused it; the call re-asks for a permit.
             log.debug("Upstream RPC %s refused locally: too_many_streams", method)
-        elif outcome.kind is ResultKind.STATUS:
-            line = f"Upstream RPC {method} failed: {_status_name(outcome.status)}{detail}"
+        elif kind is ResultKind.STATUS:
+            line = f"Upstream RPC {method} failed: {_status_name(status)}{detail}"
             # Seed: limited for the five request-fault statuses only; any other status is not.
-            limited = outcome.status in REQUEST_FAULT_STATUSES
-            self._warn(line, ("failed", method, outcome.status) if limited else None, now)
-        elif outcome.kind in (ResultKind.ENCODE, ResultKind.EXCEPTION):
-            line = f"Upstream RPC {method} raised {outcome.kind.value}:{outcome.detail or '-'}"
+            limited = status in REQUEST_FAULT_STATUSES
+            self._warn(line, ("failed", method, status) if limited else None, now)
+        elif kind in (ResultKind.ENCODE, ResultKind.EXCEPTION):
+            line = f"Upstream RPC {method} raised {kind.value}:{detail_text or '-'}"
             self._warn(line, ("raised", method), now)
         else:
             self._warn(f"Upstream RPC {method} failed: {code}{detail}", None, now)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.converters import IntRange
+from gateway.config.converters import IntRange, OrUndefined
 from gateway.config.schema import Key
+from gateway.config.terms import Atom
 
 AREA = "replay"
 _START = "upstream client start"
@@ -53,6 +54,22 @@ NOTIFY_PROBE_TIMEOUT_MS = _tuning(
     IntRange(100, 3_600_000),
     "Deadline of the half-open probe. Below about 5000 it kills probes that would have answered.",
 )
+# The cap on held stream-status notification keys. Its default depends on the agent listeners
+# (3 per connection they admit, at least 15,000), so the key holds `undefined` until set and the
+# upstream actor resolves it (actors/upstream_notify.py `notify_pending_max`). The upper bound
+# only refuses the absurd: at about 0.9 KB a key, 10 million keys is 9 GB.
+NOTIFY_PENDING_MAX: Key[int | None] = Key(
+    name="notify_pending_max",
+    default=Atom("undefined"),
+    convert=OrUndefined(IntRange(1, 10_000_000)),
+    read_when=_START,
+    doc="Cap on held stream-status notification keys (about 0.9 KB each). A DISCONNECTED at the"
+    " cap evicts the oldest held CONNECTED; anything else new is dropped (at_capacity).",
+    area=AREA,
+    our_choices=("valid values",),
+    default_doc="3 x the sum of the agent listeners' limits.max_connections, at least 15000"
+    " (15000 with no agent listener; 180000 for the shipped 60000 connections)",
+)
 NOTIFY_UNACKED_RETRY_BASE_MS = _tuning(
     "notify_unacked_retry_base_ms",
     1000,
@@ -83,6 +100,7 @@ KEYS: tuple[Key[Any], ...] = (
     REGISTRATION_REPLAY_QUEUE_MAX,
     REGISTRATION_REPLAY_SPACING_MS,
     REGISTRATION_REPLAY_START_JITTER_MS,
+    NOTIFY_PENDING_MAX,
     NOTIFY_PROBE_TIMEOUT_MS,
     NOTIFY_UNACKED_RETRY_BASE_MS,
     NOTIFY_UNACKED_RETRY_MAX_MS,
