@@ -1,0 +1,303 @@
+"""`AgentOwner`: the actor that holds one agent session (the Erlang gateway's yuzu_gw_agent).
+
+One per Subscribe stream, started by the stream process under `agent_sup` (actors/agent_sup.py,
+simple_one_for_one, transient) with `OwnerArgs`. The lifecycle (what is owed when) is the pure
+core actors/core/owner_lifecycle.py; this module turns messages into its events and carries out
+its effects:
+
+    init            mint the stream home id (32 hex), look for a predecessor's row, `begin`
+    RegisterSession OwnerUp to the registry, which is watched until it answers
+    WriteRow        this owner's row in the owner table (actors/owner_table.py)
+    Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
+    Stop            end `normal` (a message to itself while still in `init`)
+    terminate       `finish`: exactly one DISCONNECTED, the row deleted, Unregister, waiting
+                    commands failed, the stream closed unless the agent went away
+
+Commands: `DeliverCommand` puts the request in the stream's bounded queue; a full queue means the
+agent is not reading, so the stream is ended as stuck. Answers go to the command's `reply_to` as
+`CommandAnswer` (actors/owner_messages.py); an unsolicited `__guard__` frame goes upstream as
+`ForwardGuardian` with this owner's agent id, whatever the frame says.
+
+The owner does not trap exits: a planned stop (`ActorExitRequest` from `agent_sup`) ends it with
+`shutdown` right after the handler, and `terminate` does the same settling as for any end, with
+nothing to wait for (every effect is a send or a queue put).
+
+`format_status` shows counts and the phase only: never the session id, the agent id, the peer,
+the Register request it keeps (for the replay of a later issue) or command parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import attrs
+
+from actors.agent_messages import (
+    AgentFrame,
+    DeliverCommand,
+    OwnerArgs,
+    StreamClosed,
+    StreamEnd,
+)
+from actors.core.notify_store import Event, log_text, sanitise_peer_addr
+from actors.core.owner_commands import PendingCommands, is_guardian_event
+from actors.core.owner_lifecycle import (
+    Announce,
+    CloseStream,
+    DeleteRow,
+    Effect,
+    FailCommands,
+    OwnerLifecycle,
+    Predecessor,
+    RegisterSession,
+    Stop,
+    Unregister,
+    WriteRow,
+)
+from actors.core.warn_limit import WarnLimiter
+from actors.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
+from actors.owner_table import OWNERS_TABLE, OwnerRow, OwnerState, owner_row
+from actors.registry_messages import OwnerRefused, OwnerRegistered, OwnerUp
+from actors.registry_messages import Unregister as UnregisterSession
+from actors.sessions import REGISTRY_NAME
+from actors.upstream_messages import ForwardGuardian, Notify
+from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+from supervisors.messages import ActorDown
+from supervisors.process import Process
+from supervisors.reason import NORMAL, ExitReason
+
+__all__ = ["CONNECTED_LOG", "UPSTREAM_NAME", "AgentOwner"]
+
+log = logging.getLogger("yuzu_gw.agent")
+
+UPSTREAM_NAME = "upstream"
+# L05, as the seed quotes it; both values are cut to 128 bytes with controls as "?" (log_text).
+CONNECTED_LOG = "Agent %s connected from %s"
+_NOT_SENT_LOG = "Stream-status notification (%s) not sent: the upstream process is not running%s"
+# One line a second at most: a restarting upstream while thousands of agents come and go must
+# not flood the log (the count of held-back lines follows).
+_not_sent = WarnLimiter(1.0)
+_RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+
+
+@attrs.frozen
+class _EndSession:
+    """Sent to itself when `init` decides to end: an actor cannot exit before its init returns."""
+
+
+class AgentOwner(Process):
+    def init(self, args: OwnerArgs) -> None:
+        self.args = args
+        self.stream_home_id = secrets.token_hex(16)
+        self.life = OwnerLifecycle(self.stream_home_id)
+        self.commands = PendingCommands()
+        self._registry: Address | None = None
+        self._registry_monitor: int | None = None
+        self._predecessor: Address | None = None
+        self._in_init = True
+        self.delivered = 0
+        self.answers = 0
+        self.unmatched = 0
+        self.guardian = 0
+        self._apply(
+            self.life.begin(stream_open=not args.stream.ended, predecessor=self._find_predecessor())
+        )
+        self._in_init = False
+
+    def _find_predecessor(self) -> Predecessor | None:
+        row = owner_row(self.runtime, self.args.session_id)
+        if row is None:
+            return None
+        alive = self.runtime.is_alive(row.owner)
+        if not alive:
+            # Its row becomes this owner's to delete; a live owner's row is never touched.
+            self._predecessor = row.owner
+        return Predecessor(row.stream_home_id, alive=alive)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def receiveMessage(self, msg: Any, sender: Address) -> None:
+        match msg:
+            case DeliverCommand(command=command, reply_to=reply_to):
+                self._deliver(command, reply_to)
+            case AgentFrame(response=response):
+                self._frame(response)
+            case ForgetCommand(command_id=command_id):
+                self.commands.forget(command_id)
+            case StreamClosed():
+                self._apply(self.life.agent_gone())
+            case OwnerRegistered(session_id=session_id) if session_id == self.args.session_id:
+                self._forget_registry()
+                self._apply(self.life.registered())
+            case OwnerRefused(session_id=session_id, reason=reason) if (
+                session_id == self.args.session_id
+            ):
+                self._forget_registry()
+                self._apply(self.life.refused(reason))
+            case ActorDown(address=address) if address == self._registry:
+                self._registry_monitor = None
+                self._apply(self.life.registry_down())
+            case _EndSession():
+                self.exit(NORMAL)
+            case _:
+                pass
+
+    def terminate(self, reason: ExitReason) -> None:
+        self._apply(self.life.finish(reason.kind))
+
+    def format_status(self) -> Mapping[str, Any]:
+        return {
+            "phase": self.life.phase.value,
+            "pending_commands": len(self.commands),
+            "queued": self.args.stream.queue.qsize(),
+            "delivered": self.delivered,
+            "answers": self.answers,
+            "unmatched_frames": self.unmatched,
+            "guardian_forwarded": self.guardian,
+        }
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def _deliver(self, command: agent_pb2.CommandRequest, reply_to: Any) -> None:
+        command_id = command.command_id
+        tracked = reply_to is not None and bool(command_id)
+        if not self.life.accepts_commands:
+            self._fail(reply_to, command_id, "agent_disconnected")
+            return
+        if tracked and not self.commands.has_room(command_id):
+            self._fail(reply_to, command_id, "too_many_pending")
+            return
+        if not self.args.stream.deliver(command):
+            # Only a full queue refuses while the owner runs (it alone closes the stream): the
+            # agent is not reading, and holding more for it would only grow memory.
+            self._fail(reply_to, command_id, "stream_stuck")
+            self._apply(self.life.stuck())
+            return
+        self.delivered += 1
+        if tracked:
+            displaced = self.commands.expect(command_id, reply_to)
+            if displaced is not None:
+                self._fail(displaced, command_id, "superseded")
+
+    def _frame(self, response: agent_pb2.CommandResponse) -> None:
+        if is_guardian_event(response.plugin, response.command_id):
+            upstream = self.runtime.whereis(UPSTREAM_NAME)
+            if upstream is not None:
+                # The agent id is the one this stream registered with, never the frame's.
+                self.send(upstream, ForwardGuardian(self.args.agent_id, response))
+                self.guardian += 1
+            return
+        reply_to = self.commands.answer(response.command_id, response.status != _RUNNING)
+        if reply_to is None:
+            self.unmatched += 1
+            return
+        self.answers += 1
+        self.send(reply_to, CommandAnswer(self.args.agent_id, response))
+
+    def _fail(self, reply_to: Any, command_id: str, reason: FailReason) -> None:
+        if reply_to is not None and command_id:
+            self.send(reply_to, CommandFailed(self.args.agent_id, command_id, reason))
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case RegisterSession():
+                    self._register()
+                case WriteRow(state=state):
+                    self._write_row(state)
+                case Announce(event=event, stream_home_id=home):
+                    self._announce(event, home)
+                case Stop():
+                    if self._in_init:
+                        self.send(self.myAddress, _EndSession())
+                    else:
+                        self.exit(NORMAL)
+                case DeleteRow():
+                    self._delete_row()
+                case Unregister():
+                    registry = self.runtime.whereis(REGISTRY_NAME)
+                    if registry is not None:
+                        self.send(registry, UnregisterSession(self.args.session_id, self.myAddress))
+                case FailCommands():
+                    for command_id, reply_to in self.commands.drain():
+                        self._fail(reply_to, command_id, "agent_disconnected")
+                case CloseStream(status=status, details=details):
+                    self.args.stream.close(StreamEnd(status, details))
+
+    def _register(self) -> None:
+        registry = self.runtime.whereis(REGISTRY_NAME)
+        if registry is None:
+            self._apply(self.life.registry_down())
+            return
+        # Watched until it answers: a registry that dies first would leave the owner waiting for
+        # ever. After the answer the registry watches the owner, not the other way round.
+        self._registry = registry
+        self._registry_monitor = self.monitor(registry)
+        args = self.args
+        self.send(
+            registry,
+            OwnerUp(
+                session_id=args.session_id,
+                agent_id=args.agent_id,
+                owner=self.myAddress,
+                conn_key=args.conn_key,
+                stream_home_id=self.stream_home_id,
+                peer=sanitise_peer_addr(args.peer),
+                plugins=args.plugins,
+                connected_at=time.time(),
+            ),
+        )
+
+    def _forget_registry(self) -> None:
+        if self._registry_monitor is not None:
+            self.demonitor(self._registry_monitor)
+            self._registry_monitor = None
+        self._registry = None
+
+    def _write_row(self, state: str) -> None:
+        table = self.runtime.table(OWNERS_TABLE)
+        if table is None:
+            # No root supervisor (a bare test tree): admission and recovery lose their record.
+            return
+        args = self.args
+        table.insert(
+            args.session_id,
+            OwnerRow(
+                owner=self.myAddress,
+                session_id=args.session_id,
+                agent_id=args.agent_id,
+                conn_key=args.conn_key,
+                stream_home_id=self.stream_home_id,
+                state=cast(OwnerState, state),
+            ),
+        )
+
+    def _delete_row(self) -> None:
+        row = owner_row(self.runtime, self.args.session_id)
+        table = self.runtime.table(OWNERS_TABLE)
+        # Only this owner's row or its dead predecessor's: a newer owner's row is not ours.
+        ours = (self.myAddress, self._predecessor)
+        if row is not None and table is not None and row.owner in ours:
+            table.delete(self.args.session_id)
+
+    def _announce(self, event: Event, stream_home_id: str) -> None:
+        args = self.args
+        peer = sanitise_peer_addr(args.peer)
+        if event is Event.CONNECTED:
+            log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(peer))
+        upstream = self.runtime.whereis(UPSTREAM_NAME)
+        if upstream is None:
+            # The held store lives in the upstream process: with it down the notification is
+            # lost, as the seed says of an upstream restart ("Volatile").
+            suffix = _not_sent.admit(event, self.now())
+            if suffix is not None:
+                log.warning(_NOT_SENT_LOG, event.value, suffix)
+            return
+        self.send(upstream, Notify(args.agent_id, args.session_id, stream_home_id, event, peer))

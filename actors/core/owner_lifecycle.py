@@ -1,0 +1,332 @@
+"""The lifecycle of one agent owner (the Erlang gateway's yuzu_gw_agent, a gen_statem there).
+
+Rules of this file: everything that decides what an owner owes the rest of the node at each step
+of its life lives here: when it registers, when it announces CONNECTED, when it writes and
+deletes its owner-table row, which DISCONNECTED it sends, whether and how it ends the stream.
+Nothing here does I/O, reads a clock or knows an address: every method returns effects (small
+frozen records) that the actor (actors/agent_owner.py) carries out in the order given.
+
+Theory of operation (seed: "OTP Process Model", "Subscribe Stream Proxy", "Stream Status
+Notification", "When an agent's owner process crashes"; SPEC_INDEX OC-01, OC-02):
+
+* STARTING. `begin` decides from what `init` found. An open stream and no earlier owner of the
+  session: RegisterSession (OwnerUp to the registry), phase REGISTERING. Otherwise the owner
+  ends at once (`Stop`): it is a restart of an owner whose session is already over, and ending
+  normally is what keeps a transient restart from looping.
+* REGISTERING. `registered` (OwnerRegistered) writes the owner-table row (`live`) and announces
+  CONNECTED, phase STREAMING. `refused` (OwnerRefused), `registry_down`, `agent_gone`
+  (StreamClosed) and `stuck` (the stream's queue is full) all stop the owner.
+* STREAMING. `agent_gone` and `stuck` stop the owner. A late `registry_down` changes nothing: a
+  restarted registry starts empty and the agent registers again (ADM-09).
+* STOPPING. The owner has decided to end and waits for its own exit; late answers (a
+  registration, a refusal, the agent going) are absorbed here without effects.
+* `finish` (from `terminate`, for every reason and every phase but STOPPED) is the one place that
+  settles what is owed, in this order: the DISCONNECTED (exactly once, only when a CONNECTED went
+  out for that stream home id), the owner-table row, the registry, the commands still waiting
+  for an answer, and last the stream (closed with a status unless the agent already went away).
+
+Invariants (tests/unit/test_owner_lifecycle.py drives arbitrary event sequences against them):
+a row exists exactly while a DISCONNECTED is owed; every CONNECTED is followed by exactly one
+DISCONNECTED with the same stream home id; the stream is closed at most once and never after
+the agent went away; nothing happens after `finish`.
+
+The owner table is the crash record (seed: "the session's details survive the crash in the owner
+table"): a `live` row whose owner is dead means that owner was killed before it could send its
+DISCONNECTED. A restarted owner that finds one (`Predecessor`) sends that DISCONNECTED with the
+predecessor's stream home id, deletes the row, ends the stream and stops: the agent reconnects
+by itself (the seed's `disconnected_only` outcome). Owner-crash recovery (issue 7) replaces that
+branch of `begin` and the crash branch of `finish` (a crashed owner will then leave its row and
+its stream to its successor, which re-attaches to the stream instead of ending it); the table
+below gains a RECOVERING phase for it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+from grpclib.const import Status
+
+from actors.core.notify_store import Event
+
+__all__ = [
+    "OWNER_CONFLICT_DETAILS",
+    "OWNER_FAILED_DETAILS",
+    "OWNER_RESTARTED_DETAILS",
+    "REFUSED_DETAILS",
+    "REGISTRY_UNAVAILABLE_DETAILS",
+    "STOPPING_DETAILS",
+    "STUCK_DETAILS",
+    "TRANSITIONS",
+    "Announce",
+    "CloseStream",
+    "DeleteRow",
+    "Effect",
+    "FailCommands",
+    "LifecycleError",
+    "OwnerLifecycle",
+    "Phase",
+    "Predecessor",
+    "RegisterSession",
+    "Stop",
+    "Unregister",
+    "WriteRow",
+]
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    REGISTERING = "registering"
+    STREAMING = "streaming"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# --- what the stream is ended with ---------------------------------------------------------------
+
+# A refusal the gateway makes itself and the agent should simply come back from is UNAVAILABLE; a
+# registry that cannot be reached is INTERNAL (gateway/status.py, the seed's rule for Register).
+REFUSED_DETAILS = {
+    "cap": "too many sessions on this connection",
+    "connection_down": "connection closed",
+    "no_connection": "no connection",
+}
+REGISTRY_UNAVAILABLE_DETAILS = "registry_unavailable"
+STUCK_DETAILS = "stream stuck: the agent is not reading its commands"
+STOPPING_DETAILS = "session owner stopped"
+OWNER_FAILED_DETAILS = "session owner failed"
+OWNER_RESTARTED_DETAILS = "session owner restarted"
+OWNER_CONFLICT_DETAILS = "session already has an owner"
+_UNAVAILABLE = int(Status.UNAVAILABLE.value)
+_INTERNAL = int(Status.INTERNAL.value)
+
+
+# --- effects ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RegisterSession:
+    """Send OwnerUp to the registry (and watch it until it answers)."""
+
+
+@attrs.frozen
+class WriteRow:
+    """Write this owner's row in the owner table with `state`."""
+
+    state: str = "live"
+
+
+@attrs.frozen
+class Announce:
+    """Tell upstream a stream-status notification for `stream_home_id`."""
+
+    event: Event
+    stream_home_id: str
+
+
+@attrs.frozen
+class Stop:
+    """End the owner with reason `normal` (always the last effect of a list)."""
+
+
+@attrs.frozen
+class DeleteRow:
+    """Delete the session's row, if it is this owner's or its dead predecessor's."""
+
+
+@attrs.frozen
+class Unregister:
+    """Tell the registry the session is over."""
+
+
+@attrs.frozen
+class FailCommands:
+    """Tell every command still waiting for an answer that the agent is gone."""
+
+
+@attrs.frozen
+class CloseStream:
+    """End the Subscribe stream with this gRPC status and details."""
+
+    status: int
+    details: str
+
+
+Effect = (
+    RegisterSession
+    | WriteRow
+    | Announce
+    | Stop
+    | DeleteRow
+    | Unregister
+    | FailCommands
+    | CloseStream
+)
+
+
+# --- what `init` found --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Predecessor:
+    """The session's row in the owner table, written by another owner. `alive`: that owner still
+    runs (two owners for one session: this one must not touch it)."""
+
+    stream_home_id: str
+    alive: bool
+
+
+class LifecycleError(Exception):
+    """An event the phase does not allow: a defect of the caller. The owner lets it crash the
+    actor, whose `terminate` then settles what is owed (OTP: let it crash)."""
+
+    def __init__(self, phase: Phase, event: str) -> None:
+        super().__init__(f"{event} in phase {phase.value}")
+        self.phase = phase
+        self.event = event
+
+
+# --- the transition table -----------------------------------------------------------------------
+
+_P = Phase
+# (phase, event) -> next phase, for every event but `begin` (whose target depends on what init
+# found, see `OwnerLifecycle.begin`). A pair that is not here raises LifecycleError. STOPPING
+# absorbs the answers and endings that were already under way when the owner decided to stop.
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+    (_P.REGISTERING, "registered"): _P.STREAMING,
+    (_P.REGISTERING, "refused"): _P.STOPPING,
+    (_P.REGISTERING, "registry_down"): _P.STOPPING,
+    (_P.REGISTERING, "agent_gone"): _P.STOPPING,
+    (_P.REGISTERING, "stuck"): _P.STOPPING,
+    (_P.STREAMING, "agent_gone"): _P.STOPPING,
+    (_P.STREAMING, "stuck"): _P.STOPPING,
+    (_P.STREAMING, "registry_down"): _P.STREAMING,
+    (_P.STOPPING, "registered"): _P.STOPPING,
+    (_P.STOPPING, "refused"): _P.STOPPING,
+    (_P.STOPPING, "registry_down"): _P.STOPPING,
+    (_P.STOPPING, "agent_gone"): _P.STOPPING,
+    (_P.STOPPING, "stuck"): _P.STOPPING,
+    **{(phase, "finish"): _P.STOPPED for phase in Phase if phase is not _P.STOPPED},
+}
+
+
+@attrs.define
+class OwnerLifecycle:
+    """One owner's lifecycle. `stream_home_id` is the owner's (minted by the actor: randomness is
+    I/O). The fields record what has been done, so `finish` knows what is owed."""
+
+    stream_home_id: str
+    phase: Phase = Phase.STARTING
+    stream_open: bool = False
+    # The stream home id whose DISCONNECTED is owed (this owner's, or a dead predecessor's).
+    owed: str | None = None
+    # A row in the owner table is this owner's to delete (its own, or a dead predecessor's).
+    row: bool = False
+    registry_told: bool = False
+    # What to end the stream with, decided by the event that stopped the owner.
+    end: CloseStream | None = None
+
+    @property
+    def accepts_commands(self) -> bool:
+        """Commands may be queued once the stream is ours and until the owner decides to stop
+        (the router can find the session before the registry's answer reaches the owner)."""
+        return self.phase in (Phase.REGISTERING, Phase.STREAMING)
+
+    def _step(self, event: str) -> Phase:
+        target = TRANSITIONS.get((self.phase, event))
+        if target is None:
+            raise LifecycleError(self.phase, event)
+        previous, self.phase = self.phase, target
+        return previous
+
+    def _stop(self, end: CloseStream | None) -> list[Effect]:
+        if self.end is None:
+            self.end = end
+        return [Stop()]
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def begin(self, *, stream_open: bool, predecessor: Predecessor | None) -> list[Effect]:
+        if self.phase is not Phase.STARTING:
+            raise LifecycleError(self.phase, "begin")
+        self.stream_open = stream_open
+        if predecessor is not None and predecessor.alive:
+            # Another owner holds this session: leave its row, its notifications and its
+            # registration alone; only this owner's claim on the stream ends.
+            self.phase = Phase.STOPPING
+            return self._stop(CloseStream(_UNAVAILABLE, OWNER_CONFLICT_DETAILS))
+        if predecessor is not None:
+            # The predecessor was killed before it could settle: its DISCONNECTED is owed by this
+            # owner (exactly one process sends it), and so is its row.
+            self.owed, self.row = predecessor.stream_home_id, True
+            self.phase = Phase.STOPPING
+            return self._stop(CloseStream(_UNAVAILABLE, OWNER_RESTARTED_DETAILS))
+        if not stream_open:
+            # A restart after the session ended (the crashed owner's terminate closed the stream):
+            # nothing is owed, and ending `normal` is what stops the transient restarts.
+            self.phase = Phase.STOPPING
+            return self._stop(None)
+        self.phase = Phase.REGISTERING
+        self.registry_told = True
+        return [RegisterSession()]
+
+    def registered(self) -> list[Effect]:
+        if self._step("registered") is not Phase.REGISTERING:
+            return []
+        # The row and the CONNECTED go together: a row exists exactly while a DISCONNECTED is owed.
+        self.owed, self.row = self.stream_home_id, True
+        return [WriteRow("live"), Announce(Event.CONNECTED, self.stream_home_id)]
+
+    def refused(self, reason: str) -> list[Effect]:
+        if self._step("refused") is not Phase.REGISTERING:
+            return []
+        # The registry has already freed the slot: nothing to unregister.
+        self.registry_told = False
+        details = REFUSED_DETAILS.get(reason, reason)
+        return self._stop(CloseStream(_UNAVAILABLE, details))
+
+    def registry_down(self) -> list[Effect]:
+        if self._step("registry_down") is not Phase.REGISTERING:
+            return []
+        self.registry_told = False
+        return self._stop(CloseStream(_INTERNAL, REGISTRY_UNAVAILABLE_DETAILS))
+
+    def agent_gone(self) -> list[Effect]:
+        previous = self._step("agent_gone")
+        self.stream_open = False
+        if previous is Phase.STOPPING:
+            return []
+        return self._stop(None)
+
+    def stuck(self) -> list[Effect]:
+        if self._step("stuck") is Phase.STOPPING:
+            return []
+        return self._stop(CloseStream(_UNAVAILABLE, STUCK_DETAILS))
+
+    def finish(self, reason: str) -> list[Effect]:
+        """Settle what is owed; `reason` is the exit reason's kind (`normal`, `shutdown`, `crash`,
+        ...). Called once, from `terminate`."""
+        self._step("finish")
+        effects: list[Effect] = []
+        if self.owed is not None:
+            effects.append(Announce(Event.DISCONNECTED, self.owed))
+            self.owed = None
+        if self.row:
+            effects.append(DeleteRow())
+            self.row = False
+        if self.registry_told:
+            effects.append(Unregister())
+            self.registry_told = False
+        effects.append(FailCommands())
+        if self.stream_open:
+            effects.append(self.end or _end_for(reason))
+            self.stream_open = False
+        return effects
+
+
+def _end_for(reason: str) -> CloseStream:
+    """The stream's end when nothing the owner handled decided it: a planned stop (issue 7 adds
+    the retry hint), or a fault of the owner itself (the agent reconnects)."""
+    if reason == "shutdown":
+        return CloseStream(_UNAVAILABLE, STOPPING_DETAILS)
+    return CloseStream(_UNAVAILABLE, OWNER_FAILED_DETAILS)

@@ -1,0 +1,399 @@
+"""The agent owner under `agent_sup`, with the real registry and a fake `upstream` that records
+what it is told: registration, the owner-table row, CONNECTED and exactly one DISCONNECTED with
+the same stream home id, commands to the stream and answers back, Guardian forwarding with the
+gateway-asserted agent id, a stuck stream, a refused registration, crashes, kills and the restart
+intensity from the configuration (SPEC_INDEX OC-01, OC-02, OC-07; seed "Subscribe Stream Proxy",
+"Stream Status Notification", "When an agent's owner process crashes").
+
+The lifecycle's rules are proved in tests/unit/test_owner_lifecycle.py; these tests check the
+wiring.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import attrs
+from grpclib.const import Status
+
+from actors.agent_messages import (
+    AgentFrame,
+    DeliverCommand,
+    OwnerArgs,
+    StreamClosed,
+    StreamEnd,
+    StreamHandle,
+)
+from actors.agent_owner import AgentOwner
+from actors.agent_sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
+from actors.core.notify_store import Event
+from actors.core.owner_lifecycle import (
+    OWNER_FAILED_DETAILS,
+    OWNER_RESTARTED_DETAILS,
+    REFUSED_DETAILS,
+    STOPPING_DETAILS,
+    STUCK_DETAILS,
+)
+from actors.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
+from actors.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
+from actors.registry import Registry, RegistryArgs
+from actors.registry_messages import (
+    Commit,
+    Committed,
+    ConnectionDown,
+    Reserve,
+    Reserved,
+    Taken,
+    TakePending,
+)
+from actors.sessions import REGISTRY_NAME, admit, session_of
+from actors.upstream_messages import ForwardGuardian, Notify
+from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+from supervisors.api import count_children, start_child, terminate_child
+from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
+from tests.support.actors import Args, Child, Harness, actor_test
+from tests.support.fake_channel import upstream_context
+
+UNAVAILABLE = Status.UNAVAILABLE.value
+Response = agent_pb2.CommandResponse
+
+
+class Root(Supervisor):
+    """The test tree's root: owns the owner table, as gateway_sup does."""
+
+    def supervisor_spec(self, args: Any) -> SupSpec:
+        create_owner_table(self)
+        assert isinstance(args, SupSpec)
+        return args
+
+
+@attrs.define
+class Tree:
+    h: Harness
+    root: Address
+    upstream_inbox: list[Any]
+    rids: int = 0
+
+    @property
+    def agent_sup(self) -> Address:
+        address = self.h.base.whereis(AGENT_SUP_NAME)
+        assert address is not None
+        return address
+
+    @property
+    def registry(self) -> Address:
+        address = self.h.base.whereis(REGISTRY_NAME)
+        assert address is not None
+        return address
+
+    def notes(self, event: Event | None = None) -> list[Notify]:
+        return [
+            m
+            for m in self.upstream_inbox
+            if isinstance(m, Notify) and (event is None or m.event is event)
+        ]
+
+    async def take(self, session: str, conn: str = "c1", agent: str = "agent-1") -> None:
+        """Register and take the pending row, as the Register and Subscribe handlers do."""
+        self.rids += 1
+        reserved = await self.h.ask(self.registry, Reserve(self.rids, conn, agent))
+        assert isinstance(reserved, Reserved)
+        answer = await self.h.ask(self.registry, Commit(self.rids, session, peer="10.0.0.9"))
+        assert answer == Committed(session)
+        assert isinstance(await self.h.ask(self.registry, TakePending(session, conn)), Taken)
+
+    async def owner(
+        self,
+        session: str = "s1",
+        conn: str = "c1",
+        agent: str = "agent-1",
+        stream: StreamHandle | None = None,
+        take: bool = True,
+    ) -> tuple[Address, StreamHandle]:
+        if take:
+            await self.take(session, conn, agent)
+        stream = stream if stream is not None else StreamHandle()
+        args = OwnerArgs(
+            session_id=session,
+            agent_id=agent,
+            conn_key=conn,
+            peer="10.0.0.9:5555",
+            register=agent_pb2.RegisterRequest(),
+            stream=stream,
+            plugins=("shell",),
+        )
+        owner = await start_child(self.h.base, self.agent_sup, args)
+        await self.h.settle()
+        return owner, stream
+
+    async def children(self) -> int:
+        return (await count_children(self.h.base, self.agent_sup)).active
+
+
+def tree(h: Harness, sup_args: Any = None) -> Tree:
+    inbox: list[Any] = []
+    spec = SupSpec(
+        SupFlags("one_for_one", 10, 60.0),
+        (
+            ChildSpec(REGISTRY_NAME, Registry, RegistryArgs(), name=REGISTRY_NAME),
+            ChildSpec("upstream", Child, Args(id="upstream", inbox=inbox), name="upstream"),
+            ChildSpec(
+                AGENT_SUP_NAME,
+                AgentSup,
+                sup_args if sup_args is not None else AgentSupArgs(),
+                type="supervisor",
+                name=AGENT_SUP_NAME,
+            ),
+        ),
+    )
+    return Tree(h, h.create(Root, spec), inbox)
+
+
+def context(terms: str = "") -> Any:
+    """A node context from these config terms (no listeners: nothing binds here)."""
+    return upstream_context("[{allow_no_listeners, true}" + (", " + terms if terms else "") + "]")
+
+
+def drain(stream: StreamHandle) -> list[Any]:
+    out = []
+    while not stream.queue.empty():
+        out.append(stream.queue.get_nowait())
+    return out
+
+
+def crash(h: Harness, owner: Address) -> None:
+    """Make the owner raise on its next message (a defect), then send it one."""
+
+    def boom(msg: Any, sender: Address) -> None:
+        raise RuntimeError("boom")
+
+    h.instance(owner).receiveMessage = boom
+    h.tell(owner, "anything")
+
+
+# --- the session ----------------------------------------------------------------------------------
+
+
+@actor_test
+async def test_owner_registers_writes_its_row_and_announces_once(h: Harness, caplog):
+    caplog.set_level(logging.INFO, logger="yuzu_gw.agent")
+    t = tree(h)
+    owner, stream = await t.owner()
+    home = h.instance(owner).stream_home_id
+    assert re.fullmatch(r"[0-9a-f]{32}", home)
+
+    row = session_of(h.base, "s1")
+    assert row is not None and (row.owner, row.stream_home_id) == (owner, home)
+    assert row.peer == "10.0.0.9:5555" and row.plugins == ("shell",)
+    assert owner_row(h.base, "s1") == OwnerRow(owner, "s1", "agent-1", "c1", home, "live")
+    assert t.notes() == [Notify("agent-1", "s1", home, Event.CONNECTED, "10.0.0.9:5555")]
+    assert admit(h.base, "s1", "c1") is None
+    assert "Agent agent-1 connected from 10.0.0.9:5555" in caplog.messages
+
+    # Counts only: no session id, agent id, peer or request in the status.
+    status = h.instance(owner).format_status()
+    assert status["phase"] == "streaming"
+    assert not any(s in repr(status) for s in ("s1", "agent-1", "10.0.0.9"))
+
+    # The agent goes away: exactly one DISCONNECTED with the same stream home id.
+    h.tell(owner, StreamClosed())
+    await h.settle()
+    assert not h.alive(owner)
+    assert t.notes(Event.DISCONNECTED) == [
+        Notify("agent-1", "s1", home, Event.DISCONNECTED, "10.0.0.9:5555")
+    ]
+    assert len(t.notes()) == 2
+    assert session_of(h.base, "s1") is None
+    assert owner_row(h.base, "s1") is None
+    assert not stream.ended  # nobody to tell: the agent already went away
+    assert await t.children() == 0  # a normal end is not restarted (OC-01)
+
+
+@actor_test
+async def test_two_sessions_have_their_own_stream_home_ids(h: Harness):
+    t = tree(h)
+    a, _ = await t.owner("s1", "c1", "agent-1")
+    b, _ = await t.owner("s2", "c2", "agent-2")
+    homes = {h.instance(a).stream_home_id, h.instance(b).stream_home_id}
+    assert len(homes) == 2
+    assert {n.stream_home_id for n in t.notes(Event.CONNECTED)} == homes
+
+
+@actor_test
+async def test_planned_stop_sends_disconnected_and_ends_the_stream(h: Harness):
+    t = tree(h)
+    owner, stream = await t.owner()
+    home = h.instance(owner).stream_home_id
+    await terminate_child(h.base, t.agent_sup, owner, timeout=2.0)
+    await h.settle()
+    assert [n.stream_home_id for n in t.notes(Event.DISCONNECTED)] == [home]
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, STOPPING_DETAILS)]
+    assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
+    assert await t.children() == 0
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+@actor_test
+async def test_commands_reach_the_stream_and_answers_the_caller(h: Harness):
+    t = tree(h)
+    owner, stream = await t.owner()
+    inbox: list[Any] = []
+    router = h.spawn("router", inbox=inbox)
+    command = agent_pb2.CommandRequest(command_id="c1", plugin="shell", action="run")
+    h.tell(owner, DeliverCommand(command, reply_to=router))
+    await h.settle()
+    assert drain(stream) == [command]
+
+    running = Response(command_id="c1", status=Response.Status.RUNNING, output="half")
+    done = Response(command_id="c1", status=Response.Status.SUCCESS, output="done")
+    for response in (running, done, done):  # the third has nobody waiting: dropped
+        h.tell(owner, AgentFrame(response))
+    await h.settle()
+    assert inbox == [CommandAnswer("agent-1", running), CommandAnswer("agent-1", done)]
+    status = h.instance(owner).format_status()
+    assert (status["delivered"], status["answers"], status["unmatched_frames"]) == (1, 2, 1)
+
+    # A caller that stops waiting gets nothing more; what is still waiting at the end fails.
+    h.tell(owner, DeliverCommand(agent_pb2.CommandRequest(command_id="c2"), reply_to=router))
+    h.tell(owner, DeliverCommand(agent_pb2.CommandRequest(command_id="c3"), reply_to=router))
+    h.tell(owner, ForgetCommand("c2"))
+    h.tell(owner, AgentFrame(Response(command_id="c2", status=Response.Status.SUCCESS)))
+    h.tell(owner, StreamClosed())
+    await h.settle()
+    assert inbox[2:] == [CommandFailed("agent-1", "c3", "agent_disconnected")]
+
+
+@actor_test
+async def test_guardian_frame_goes_upstream_with_the_owners_agent_id(h: Harness):
+    t = tree(h)
+    owner, _ = await t.owner(agent="agent-1")
+    # The frame cannot carry an identity the gateway trusts: whatever it says, the forward names
+    # the agent this stream registered as.
+    frame = Response(plugin="__guard__", action="agent-666", output='{"agent_id": "agent-666"}')
+    h.tell(owner, AgentFrame(frame))
+    await h.settle()
+    forwards = [m for m in t.upstream_inbox if isinstance(m, ForwardGuardian)]
+    assert forwards == [ForwardGuardian("agent-1", frame)]
+    # A __guard__ frame with a command id is an answer, not an unsolicited event.
+    h.tell(owner, AgentFrame(Response(plugin="__guard__", command_id="x")))
+    await h.settle()
+    assert len([m for m in t.upstream_inbox if isinstance(m, ForwardGuardian)]) == 1
+
+
+@actor_test
+async def test_a_full_stream_is_ended_as_stuck(h: Harness):
+    t = tree(h)
+    owner, stream = await t.owner(stream=StreamHandle(maxsize=2))
+    home = h.instance(owner).stream_home_id
+    inbox: list[Any] = []
+    router = h.spawn("router", inbox=inbox)
+    for n in range(3):
+        cmd = agent_pb2.CommandRequest(command_id=f"c{n}")
+        h.tell(owner, DeliverCommand(cmd, reply_to=router))
+    await h.settle()
+    assert not h.alive(owner)
+    assert CommandFailed("agent-1", "c2", "stream_stuck") in inbox
+    assert {m.command_id for m in inbox if m.reason == "agent_disconnected"} == {"c0", "c1"}
+    assert [n.stream_home_id for n in t.notes(Event.DISCONNECTED)] == [home]
+    assert drain(stream)[-1] == StreamEnd(UNAVAILABLE, STUCK_DETAILS)
+    assert await t.children() == 0
+
+
+# --- refusals and restarts ------------------------------------------------------------------------
+
+
+@actor_test
+async def test_refused_registration_ends_the_stream_and_exits_normal(h: Harness):
+    t = tree(h)
+    await t.take("s1", "c1")
+    h.tell(t.registry, ConnectionDown("c1"))
+    owner, stream = await t.owner(take=False)
+    assert not h.alive(owner)
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, REFUSED_DETAILS["connection_down"])]
+    assert t.notes() == []  # never announced, so nothing to take back
+    assert owner_row(h.base, "s1") is None
+    assert await t.children() == 0
+
+
+@actor_test
+async def test_an_ended_stream_makes_the_owner_exit_at_init(h: Harness):
+    t = tree(h)
+    stream = StreamHandle()
+    stream.close(StreamEnd(UNAVAILABLE, "gone"))
+    owner, _ = await t.owner(stream=stream)
+    assert not h.alive(owner)
+    assert t.notes() == [] and session_of(h.base, "s1") is None
+    assert await t.children() == 0
+
+
+@actor_test
+async def test_crashed_owner_settles_and_its_restart_exits_normal(h: Harness):
+    t = tree(h)
+    owner, stream = await t.owner()
+    home = h.instance(owner).stream_home_id
+    crash(h, owner)
+    await h.settle()
+    # The crashed owner's terminate settled the session; the restart found the stream ended and
+    # ended normally, so the transient restart does not loop. (Issue 7 replaces this with
+    # recovery: the restarted owner re-attaches to the open stream.)
+    assert [n.event for n in t.notes()] == [Event.CONNECTED, Event.DISCONNECTED]
+    assert {n.stream_home_id for n in t.notes()} == {home}
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, OWNER_FAILED_DETAILS)]
+    assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
+    assert await t.children() == 0
+    assert h.instance(t.agent_sup).format_status()["restarts_in_window"] == 1
+
+
+@actor_test
+async def test_killed_owner_successor_sends_the_predecessors_disconnected(h: Harness):
+    t = tree(h)
+    owner, stream = await t.owner()
+    home = h.instance(owner).stream_home_id
+    h.base.kill(owner)  # no terminate: the row says a DISCONNECTED is owed
+    await h.settle()
+    notes = t.notes()
+    assert [(n.event, n.stream_home_id) for n in notes] == [
+        (Event.CONNECTED, home),
+        (Event.DISCONNECTED, home),
+    ]
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, OWNER_RESTARTED_DETAILS)]
+    assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
+    assert await t.children() == 0
+
+
+@actor_test
+async def test_intensity_comes_from_the_config_and_escalates(h: Harness):
+    ctx = context("{agent_restart_intensity, 2}, {agent_restart_period_s, 30}")
+    assert agent_sup_child_spec(ctx).args is ctx
+    t = tree(h, ctx)
+    first_sup = t.agent_sup
+    assert h.instance(first_sup).flags == SupFlags("simple_one_for_one", 2, 30.0)
+    owners = [(await t.owner(f"s{n}", f"c{n}"))[0] for n in range(4)]
+    for owner in owners[:3]:
+        h.base.kill(owner)
+        await h.settle()
+    # The third restart passes the intensity: agent_sup stops the owner still running (which
+    # settles its session) and the root starts a new, empty agent_sup.
+    assert t.agent_sup != first_sup
+    assert await t.children() == 0
+    disconnected = {n.session_id for n in t.notes(Event.DISCONNECTED)}
+    assert disconnected == {"s0", "s1", "s3"}
+    # The third killed owner was never restarted: its row stays, owing its DISCONNECTED, for the
+    # owner-crash recovery of issue 7 to settle (and to keep admitting its heartbeats, ADM-08).
+    orphan = owner_row(h.base, "s2")
+    assert orphan is not None and orphan.owner == owners[2]
+    assert admit(h.base, "s2", "c2") is None
+    assert h.base.table(OWNERS_TABLE) is not None  # the root owns it, not agent_sup
+
+
+@actor_test
+async def test_default_intensity_is_the_seeds(h: Harness):
+    sup = h.create(AgentSup, context())
+    assert h.instance(sup).flags == SupFlags("simple_one_for_one", 2000, 10.0)
+    assert h.instance(sup).template.restart == "transient"
+    assert h.instance(sup).template.start is AgentOwner
