@@ -1,19 +1,35 @@
 """`gateway_sup`, the root of the supervision tree.
 
 Order is policy: the metrics and health endpoints start first and stop last, so probes
-and scrapes answer through a planned stop; listeners (added by the agent-plane issue) come
-last so they start after everything they call and stop first.
+and scrapes answer through a planned stop; the registry follows them, so every table the agent
+plane reads exists before anything that writes or reads it starts; `agent_sup` comes after the
+upstream actors its owners notify; the listeners come last so they start after everything they
+call and stop first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from actors.agent_sup import agent_sup_child_spec
+from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
+from actors.heartbeat_buffer import HeartbeatBufferActor
+from actors.owner_table import create_owner_table
+from actors.registry import registry_child_spec
+from actors.registry_messages import ConnectionDown
+from actors.sessions import registry_address
 from actors.upstream import Upstream, readiness_checks
 from actors.upstream_regulator import Regulator
+from gateway.agent_service import MODULE as AGENT_SERVICE_MODULE
+from gateway.agent_service import agent_service
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.console import ConsoleServer
 from gateway.context import NodeContext
 from gateway.endpoints import EndpointArgs, HttpEndpoint, health_routes, metrics_routes
+from gateway.listeners.connection import ConnectionInfo
+from gateway.listeners.tree import listener_child_specs
 from gateway.upstream.channel_actor import UpstreamChannelActor
+from supervisors.runtime import LoopSystemBase
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 
 # Seed, "OTP Process Model": the root tolerates 10 restarts in 60 s before it gives up.
@@ -26,6 +42,7 @@ ENDPOINT_HOST = "0.0.0.0"
 class GatewaySup(Supervisor):
     def supervisor_spec(self, args: NodeContext) -> SupSpec:
         ctx = args
+        runtime = self.runtime
         metrics = EndpointArgs(
             "metrics",
             ENDPOINT_HOST,
@@ -42,18 +59,50 @@ class GatewaySup(Supervisor):
         )
         # `upstream` (alive) and `circuit_breaker` (the published state): table and name reads,
         # so /readyz answers at once whatever the upstream actor is doing.
-        for check_name, check in readiness_checks(self.runtime).items():
+        for check_name, check in readiness_checks(runtime).items():
             ctx.readiness.register(check_name, check)
+        # Built here, before any child starts: the listeners are validated (a bad route refuses
+        # the boot before anything binds) and the admission summary state exists before the
+        # first heartbeat can arrive.
+        listeners = listener_child_specs(
+            ctx,
+            {AGENT_SERVICE_MODULE: agent_service(ctx, runtime)},
+            on_connection_closed=connection_closed(runtime),
+        )
+        # The owner table belongs to the root so a row outlives its owner's crash and agent_sup's
+        # restarts (seed: "When an agent's owner process crashes").
+        create_owner_table(self)
         return SupSpec(
             SupFlags("one_for_one", ROOT_INTENSITY, ROOT_PERIOD_S),
             (
                 ChildSpec("metrics", HttpEndpoint, metrics, name="metrics"),
                 ChildSpec("health", HttpEndpoint, health, name="health"),
+                registry_child_spec(ctx),
                 # Opens the upstream connections (without waiting for them) before anything
                 # that calls the server starts.
                 ChildSpec("upstream_channel", UpstreamChannelActor, ctx, name="upstream_channel"),
                 ChildSpec("upstream", Upstream, ctx, name="upstream"),
                 ChildSpec("upstream_regulator", Regulator, ctx, name="upstream_regulator"),
+                # Stops after agent_sup and the listeners: its shutdown flush (at most 5 s)
+                # sends what they buffered; 1 s more before the supervisor kills it.
+                ChildSpec(
+                    HEARTBEAT_BUFFER, HeartbeatBufferActor, ctx, shutdown=6.0, name=HEARTBEAT_BUFFER
+                ),
+                # One owner per agent session, started by the Subscribe handlers.
+                agent_sup_child_spec(ctx),
                 ChildSpec("console", ConsoleServer, ctx, name="console"),
+                *listeners,
             ),
         )
+
+
+def connection_closed(runtime: LoopSystemBase) -> Callable[[ConnectionInfo], None]:
+    """Tell the registry each agent connection that closed: its pending rows go after the grace
+    and it takes no new reservation (a restarting registry has nothing of it to drop)."""
+
+    def closed(conn: ConnectionInfo) -> None:
+        registry = registry_address(runtime)
+        if registry is not None:
+            runtime.tell(registry, ConnectionDown(conn.key))
+
+    return closed

@@ -54,7 +54,7 @@ def test_readyz_names_the_failing_check(tmp_path: Path) -> None:
     async def main() -> None:
         async with running_node(tmp_path) as node:
             healthy = {"ok": True}
-            node.ctx.readiness.register("registry", lambda: healthy["ok"])
+            node.ctx.readiness.register("lab_check", lambda: healthy["ok"])
             port = port_of(node, "health")
             assert (await http_get(port, "/readyz"))[0] == 200
             healthy["ok"] = False
@@ -62,8 +62,8 @@ def test_readyz_names_the_failing_check(tmp_path: Path) -> None:
             assert status == 503
             answer = json.loads(body)
             assert answer["status"] == "not_ready"
-            assert answer["failing"] == ["registry"]
-            assert answer["checks"]["registry"] is False
+            assert answer["failing"] == ["lab_check"]
+            assert answer["checks"]["lab_check"] is False
 
     asyncio.run(main())
 
@@ -129,8 +129,13 @@ def test_a_port_in_use_refuses_the_start(tmp_path: Path) -> None:
 
 def _boot(env: dict[str, str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway"], env={**os.environ, **env}, cwd=ROOT,
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-m", "gateway"],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -160,8 +165,11 @@ def test_boot_refusals_exit_1_with_one_critical_line(tmp_path: Path) -> None:
 def test_sigterm_is_a_planned_stop(tmp_path: Path) -> None:
     env = {**os.environ, **node_env(tmp_path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway"], env=env, cwd=ROOT,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "gateway"],
+        env=env,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         pid_file = tmp_path / "yuzu_gw.pid"

@@ -569,7 +569,10 @@ def test_a_server_that_is_down_clears_the_tls_file_report(tmp_path: Path) -> Non
 
 def node_context(tmp_path: Path, upstream_client: str) -> NodeContext:
     config = resolve_section(
-        SCHEMA, parse_term(f"[{{upstream_client, {upstream_client}}}]."), {}, "test"
+        SCHEMA,
+        parse_term(f"[{{allow_no_listeners, true}}, {{upstream_client, {upstream_client}}}]."),
+        {},
+        "test",
     )
     node = NodeArgs("gw@127.0.0.1", "test", "x" * 32, CookieSource.ENV, (), "vm.args")
     return NodeContext(config, node, tmp_path, CollectorRegistry())

@@ -221,8 +221,6 @@ class Harness:
             await asyncio.sleep(0.001)
 
 
-
-
 async def settle(base: LoopSystemBase, max_turns: int = 100_000) -> None:
     await asyncio.sleep(0)
     for _ in range(max_turns):

@@ -28,7 +28,7 @@ from actors.upstream_regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, Regulator
 from actors.upstream_regulator import NAME as REGULATOR
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
-from gateway.config.terms import parse_term
+from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.context import NodeContext
 from gateway.upstream.api import UpstreamCallError
@@ -189,7 +189,12 @@ class FakeChannelOwner(Process):
 def upstream_context(config_text: str = "[]", env: Mapping[str, str] | None = None) -> NodeContext:
     """A NodeContext whose config is the yuzu_gw section `config_text` (Erlang syntax) resolved
     like a real boot, with a fresh metric registry."""
-    config = resolve_section(SCHEMA, parse_term(config_text + "."), env or {}, "test.config")
+    section = parse_term(config_text + ".")
+    assert isinstance(section, list)
+    if not any(isinstance(e, tuple) and e[0] == Atom("allow_no_listeners") for e in section):
+        # These contexts run actors without listeners: the lab-rig acknowledgement.
+        section = [*section, (Atom("allow_no_listeners"), True)]
+    config = resolve_section(SCHEMA, section, env or {}, "test.config")
     node = NodeArgs(
         name="test@127.0.0.1",
         name_source="test",

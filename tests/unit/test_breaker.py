@@ -302,7 +302,9 @@ def test_results_admitted_before_the_breaker_opened_are_ignored() -> None:
 
 def resolved(env: dict[str, str] | None = None, **app: int) -> BreakerPolicy:
     """The policy from a resolved configuration, as the upstream actor builds it."""
-    text = "[" + ", ".join(f"{{{k}, {v}}}" for k, v in app.items()) + "]."
+    # {allow_no_listeners, true}: a partial config with no agent listener (lab-rig key).
+    terms = ["{allow_no_listeners, true}"] + [f"{{{k}, {v}}}" for k, v in app.items()]
+    text = "[" + ", ".join(terms) + "]."
     config = resolve_section(SCHEMA, parse_term(text), env or {}, "test.config")
     return policy_from_settings(
         threshold=config[CIRCUIT_BREAKER_FAILURE_THRESHOLD],
@@ -370,9 +372,7 @@ def test_a_bad_env_value_takes_the_default_not_the_key() -> None:
 
 
 def test_the_maximum_is_never_below_the_base() -> None:
-    policy = policy_from_settings(
-        threshold=5, reset_timeout_ms=60_000, max_reset_timeout_ms=100
-    )
+    policy = policy_from_settings(threshold=5, reset_timeout_ms=60_000, max_reset_timeout_ms=100)
     assert policy.base_s == 60.0 and policy.cap_s == 60.0
 
 

@@ -47,9 +47,12 @@ def test_every_shipped_config_loads(name: str, caplog: pytest.LogCaptureFixture)
 def test_shipped_dev_and_test_configs_as_documented() -> None:
     dev = load_config(SYS_CONFIG / "sys.config", {})
     assert (dev[node.HEALTH_PORT], dev[node.PROMETHEUS_PORT]) == (8081, 9568)
-    assert dev[listeners.ALLOW_NO_LISTENERS] and dev[upstream.ALLOW_NO_UPSTREAM]
+    # The dev config has an agent listener (loopback), so it needs no listener acknowledgement.
+    assert not dev[listeners.ALLOW_NO_LISTENERS] and dev[upstream.ALLOW_NO_UPSTREAM]
+    assert [spec.name for spec in dev[listeners.GRPC_LISTENERS]] == ["agent"]
     test = load_config(SYS_CONFIG / "test.config", {})
     assert (test[node.HEALTH_PORT], test[node.PROMETHEUS_PORT]) == (0, 0)
+    assert [spec.port for spec in test[listeners.GRPC_LISTENERS]] == [0]
     prod = load_config(SYS_CONFIG / "sys.config.prod", {})
     # A deployment never acknowledges a missing listener or upstream channel.
     assert not prod[listeners.ALLOW_NO_LISTENERS] and not prod[upstream.ALLOW_NO_UPSTREAM]
@@ -83,7 +86,9 @@ def test_default_paths_follow_the_variables(tmp_path: Path) -> None:
 
 
 def test_node_name_in_the_config_wins_over_vm_args(tmp_path: Path) -> None:
-    path = write(tmp_path, "[{yuzu_gw, [{node_name, 'gw2@10.0.0.2'}]}].")
+    path = write(
+        tmp_path, "[{yuzu_gw, [{node_name, 'gw2@10.0.0.2'}, {allow_no_listeners, true}]}]."
+    )
     _, node_args = load(path, VM_ARGS, COOKIE_ENV)
     assert (node_args.name, node_args.name_source) == ("gw2@10.0.0.2", "config node_name")
 
@@ -139,7 +144,8 @@ def test_other_sections_are_ignored_with_one_info_line_each(
     path = write(
         tmp_path,
         "[{kernel, [{inet_dist_listen_min, 9100}]}, {logger, []},"
-        " {yuzu_gw, [{heartbeat_batch_interval_ms, 250}]}, {grpcbox, []}].",
+        " {yuzu_gw, [{heartbeat_batch_interval_ms, 250}, {allow_no_listeners, true}]},"
+        " {grpcbox, []}].",
     )
     config = load_config(path, {})
     assert config[heartbeat.HEARTBEAT_BATCH_INTERVAL_MS] == 250
@@ -150,8 +156,13 @@ def test_other_sections_are_ignored_with_one_info_line_each(
 
 
 def test_a_file_without_a_yuzu_gw_section_gives_the_defaults(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, "[]."), {})
-    assert config[node.HEALTH_PORT] == 8081
+    # The defaults have no agent listener, so such a file refuses boot (no_listeners): the
+    # listener checks are the schema's last step, after every key got its default.
+    with pytest.raises(BootRefused) as caught:
+        load_config(write(tmp_path, "[]."), {})
+    assert caught.value.defect == "no_listeners"
+    path = write(tmp_path, "[{yuzu_gw, [{allow_no_listeners, true}]}].")
+    assert load_config(path, {})[node.HEALTH_PORT] == 8081
 
 
 @pytest.mark.parametrize("block", ["servers", "client"])

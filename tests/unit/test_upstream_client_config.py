@@ -560,7 +560,8 @@ def test_the_dev_config_boots_without_a_channel_and_shows_an_example() -> None:
 def write_config(tmp_path: Path, upstream_entry: str, extra: str = "") -> Path:
     path = tmp_path / "gw.config"
     path.write_text(
-        f"[{{yuzu_gw, [{{health_port, 0}}, {{prometheus_port, 0}}{extra},"
+        "[{yuzu_gw, [{health_port, 0}, {prometheus_port, 0}, {allow_no_listeners, true}"
+        f"{extra},"
         f" {{upstream_client, {upstream_entry}}}]}}].",
         encoding="utf-8",
     )

@@ -52,4 +52,7 @@ SCHEMA = Schema(
     keys=tuple(key for area in AREAS for key in area.KEYS),
     dead=DEAD_KEYS,
     no_effect_env=upstream.NO_EFFECT_ENV,
+    # Whole-config rules of the listeners: the port variables, then no gateway without a
+    # listener routing the AgentService (unless allow_no_listeners is the literal true).
+    checks=listeners.CHECKS,
 )

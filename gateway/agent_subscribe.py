@@ -1,0 +1,269 @@
+"""Subscribe: the agent's stream process (ARCHITECTURE "The tree"; seed "Subscribe Stream
+Proxy", "Known limits" > refused Subscribe; SPEC_INDEX S15-S18, PEND-11).
+
+Admission, in order: `x-yuzu-session-id` missing or empty is INVALID_ARGUMENT; the registry
+takes the pending row (`TakePending`): none is NOT_FOUND, the per-connection cap is UNAVAILABLE;
+anything else that fails is INTERNAL with one line (method, exception class, top frame). Then an
+owner actor is started under `agent_sup` with a `StreamHandle`; if it cannot be, the taken slot
+is handed back (`ReleaseTaken`).
+
+Then the stream process only moves frames (actors/agent_messages.py is the contract):
+
+- it writes every `CommandRequest` the owner queues, in order, and ends the call with the
+  `StreamEnd` the owner closes the handle with (status, details, trailers);
+- it reads the agent's `CommandResponse`s and tells each to the owner as `AgentFrame`;
+- it watches the owner: an owner that ends without closing the stream ends it UNAVAILABLE (the
+  agent registers again). After an abnormal exit it first waits up to 5 s (K32) for a restarted
+  owner to take the session over (the owner table names the new one), and follows that one;
+- the agent going away (its stream reset, its connection closed, its frames undecodable) is
+  told to the owner as `StreamClosed`, and the owner ends `normal`.
+
+No task per message: one reader task per stream, and the handler's own task writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from actors.agent_messages import AgentFrame, OwnerArgs, StreamClosed, StreamEnd, StreamHandle
+from actors.registration import RESERVE_TIMEOUT_S
+from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
+from actors.sessions import OWNERS_TABLE, registry_address
+from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
+from gateway.status import not_found, unavailable
+from gateway.upstream.methods import SESSION_ID_METADATA
+from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+from supervisors.api import start_child
+from supervisors.errors import TableGone
+from supervisors.reason import ExitReason
+
+__all__ = ["AGENT_SUP", "REATTACH_WAIT_S", "subscribe"]
+
+log = logging.getLogger("yuzu_gw.agent")
+
+AGENT_SUP = "agent_sup"
+# K32: how long the stream waits for a restarted owner after an abnormal owner exit. Long enough
+# for the agent supervisor to restart it and the owner to re-adopt the session; short enough that
+# an agent whose owner is gone for good re-registers soon.
+REATTACH_WAIT_S = 5.0
+_REATTACH_POLL_S = 0.05
+
+# The ends the stream process makes itself; identity tells them from the owner's.
+_AGENT_GONE = StreamEnd(Status.CANCELLED.value, "agent stream ended")
+_BAD_FRAME = StreamEnd(Status.INTERNAL.value, "a frame from the agent cannot be decoded")
+_OWNER_GONE = StreamEnd(Status.UNAVAILABLE.value, "agent session ended; register again")
+
+AgentStream = Stream[agent_pb2.CommandResponse, agent_pb2.CommandRequest]
+
+
+async def subscribe(plane: AgentPlane, stream: AgentStream) -> None:
+    metadata = stream.metadata
+    session_id = metadata.get(SESSION_ID_METADATA, "") if metadata is not None else ""
+    if not isinstance(session_id, str) or not session_id:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"{SESSION_ID_METADATA} is required")
+    key = conn_key()
+    taken = await _take(plane, session_id, key)
+    row = taken.row
+    handle = StreamHandle()
+    args = OwnerArgs(
+        session_id=row.session_id,
+        agent_id=row.agent_id,
+        conn_key=key,
+        peer=row.peer,
+        register=row.register,  # type: ignore[arg-type]
+        stream=handle,
+        plugins=row.plugins,
+    )
+    owner = await _start_owner(plane, args)
+    plane.metrics.agents_connected.inc()
+    await _StreamProcess(plane, stream, handle, session_id, owner).run()
+
+
+async def _take(plane: AgentPlane, session_id: str, key: Any) -> Taken:
+    runtime = plane.runtime
+    registry = registry_address(runtime)
+    if registry is None:
+        raise failed("Subscribe", "registry_unavailable")
+    try:
+        answer = await runtime.ask(registry, TakePending(session_id, key), RESERVE_TIMEOUT_S)
+    except asyncio.CancelledError:
+        # The take may still be handled: hand its slot back behind it (one mailbox, in order).
+        runtime.tell(registry, ReleaseTaken(session_id))
+        raise
+    except Exception as exc:
+        raise crashed("Subscribe", exc) from None
+    if isinstance(answer, Taken):
+        return answer
+    if isinstance(answer, TakeRefused):
+        if answer.reason == "not_found":
+            raise not_found("no pending registration for this session")
+        if answer.reason in ("cap", "connection_down"):
+            raise unavailable(f"Subscribe refused: {answer.reason}")
+        raise failed("Subscribe", f"refused {answer.reason}")
+    raise failed("Subscribe", "unexpected registry answer")
+
+
+async def _start_owner(plane: AgentPlane, args: OwnerArgs) -> Address:
+    runtime = plane.runtime
+    release = ReleaseTaken(args.session_id)
+    sup = runtime.whereis(AGENT_SUP)
+    if sup is None:
+        _tell_registry(plane, release)
+        raise failed("Subscribe", "agent_sup_unavailable")
+    start = asyncio.ensure_future(start_child(runtime, sup, args))
+    try:
+        # Shielded: a start already asked of the supervisor completes; if the agent left
+        # meanwhile, the new owner is told at once.
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        args.stream.close(_AGENT_GONE)
+        start.add_done_callback(lambda task: _orphaned(plane, args.session_id, task))
+        raise
+    except Exception as exc:
+        _tell_registry(plane, release)
+        raise crashed("Subscribe", exc) from None
+
+
+def _orphaned(plane: AgentPlane, session_id: str, task: asyncio.Future[Address]) -> None:
+    """The agent left while its owner was being started: the owner, if it started, ends."""
+    if task.cancelled() or task.exception() is not None:
+        _tell_registry(plane, ReleaseTaken(session_id))
+        return
+    plane.runtime.tell(task.result(), StreamClosed())
+
+
+def _tell_registry(plane: AgentPlane, message: object) -> None:
+    registry = registry_address(plane.runtime)
+    if registry is not None:
+        plane.runtime.tell(registry, message)
+
+
+class _StreamProcess:
+    """The loop of one Subscribe stream once its owner runs (module doc)."""
+
+    def __init__(
+        self,
+        plane: AgentPlane,
+        stream: AgentStream,
+        handle: StreamHandle,
+        session_id: str,
+        owner: Address,
+    ) -> None:
+        self.plane = plane
+        self.stream = stream
+        self.handle = handle
+        self.session_id = session_id
+        self.owner = owner
+        self.monitor: int | None = None
+        self.reattach: asyncio.TimerHandle | None = None
+        self.reattach_until = 0.0
+
+    async def run(self) -> None:
+        runtime = self.plane.runtime
+        self._watch(self.owner)
+        reader = asyncio.ensure_future(self._read())
+        end: StreamEnd | None = None
+        try:
+            await self.stream.send_initial_metadata()
+            while True:
+                item = await self.handle.queue.get()
+                if isinstance(item, StreamEnd):
+                    end = item
+                    break
+                await self.stream.send_message(item)
+        finally:
+            reader.cancel()
+            self._unwatch()
+            if end is None or end is _AGENT_GONE or end is _BAD_FRAME:
+                # The agent went away (or the handler was cancelled): the owner ends normal.
+                self.handle.close(_AGENT_GONE)
+                if runtime.is_alive(self.owner):
+                    runtime.tell(self.owner, StreamClosed())
+        await self._finish(end)
+
+    async def _finish(self, end: StreamEnd) -> None:
+        if end is _AGENT_GONE:
+            # Nobody reads an answer any more; the stream is reset or the connection gone.
+            raise GRPCError(Status.CANCELLED, end.details)
+        metadata = end.trailers or None
+        if end.status == Status.OK.value:
+            await self.stream.send_trailing_metadata(metadata=metadata)
+            return
+        await self.stream.send_trailing_metadata(
+            status=Status(end.status), status_message=end.details or None, metadata=metadata
+        )
+
+    # -- the agent's frames --
+
+    async def _read(self) -> None:
+        runtime = self.plane.runtime
+        try:
+            async for response in self.stream:
+                runtime.tell(self.owner, AgentFrame(response))
+        except DecodeError:
+            self.handle.close(_BAD_FRAME)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The stream was reset or its connection closed under the read.
+            self.handle.close(_AGENT_GONE)
+        # A clean end of the agent's side (half close) is not the agent leaving: the stream
+        # stays open for what the owner writes until the owner or the connection ends it.
+
+    # -- the owner --
+
+    def _watch(self, owner: Address) -> None:
+        self.owner = owner
+        self.monitor = self.plane.runtime.monitor_callback(
+            owner, lambda reason: self._owner_down(owner, reason)
+        )
+
+    def _unwatch(self) -> None:
+        if self.monitor is not None:
+            self.plane.runtime.demonitor(self.monitor)
+            self.monitor = None
+        if self.reattach is not None:
+            self.reattach.cancel()
+            self.reattach = None
+
+    def _owner_down(self, owner: Address, reason: ExitReason) -> None:
+        if owner != self.owner or self.handle.ended:
+            return
+        self.monitor = None
+        if reason.is_normal or reason.kind == "noproc":
+            # It ended its session without closing the stream (or was never up).
+            self.handle.close(_OWNER_GONE)
+            return
+        loop = self.plane.runtime.loop
+        self.reattach_until = loop.time() + REATTACH_WAIT_S
+        self.reattach = loop.call_later(_REATTACH_POLL_S, self._look_for_owner)
+
+    def _look_for_owner(self) -> None:
+        """Poll the owner table for a restarted owner of this session (rare path: only after
+        an owner crash, for at most 5 s)."""
+        self.reattach = None
+        if self.handle.ended:
+            return
+        runtime = self.plane.runtime
+        table = runtime.table(OWNERS_TABLE)
+        try:
+            record = table.get(self.session_id) if table is not None else None
+        except TableGone:
+            record = None
+        owner = getattr(record, "owner", None)
+        if isinstance(owner, Address) and owner != self.owner and runtime.is_alive(owner):
+            self._watch(owner)
+            return
+        loop = runtime.loop
+        if loop.time() >= self.reattach_until:
+            self.handle.close(_OWNER_GONE)
+            return
+        self.reattach = loop.call_later(_REATTACH_POLL_S, self._look_for_owner)
