@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.agent_sup import agent_sup_child_spec
+from actors.agent_sup import AGENT_SUP_NAME, agent_sup_child_spec
 from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat_buffer import HeartbeatBufferActor
 from actors.owner_table import create_owner_table
@@ -61,6 +61,8 @@ class GatewaySup(Supervisor):
         # so /readyz answers at once whatever the upstream actor is doing.
         for check_name, check in readiness_checks(runtime).items():
             ctx.readiness.register(check_name, check)
+        # Seed, "Readiness": the agent supervisor must be alive (a name read, no call).
+        ctx.readiness.register("agent_sup", lambda: runtime.whereis(AGENT_SUP_NAME) is not None)
         # Built here, before any child starts: the listeners are validated (a bad route refuses
         # the boot before anything binds) and the admission summary state exists before the
         # first heartbeat can arrive.

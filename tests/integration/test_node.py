@@ -188,3 +188,25 @@ def test_sigterm_is_a_planned_stop(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_readyz_turns_red_when_agent_sup_is_gone(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as node:
+            port = port_of(node, "health")
+            status, body = await http_get(port, "/readyz")
+            assert status == 200
+            assert json.loads(body)["checks"]["agent_sup"] is True
+            runtime = node.runtime
+            # The kill is synchronous and the root's restart needs a scheduler turn, so the
+            # checks read right after it see agent_sup gone.
+            runtime.kill(runtime.whereis("agent_sup"))
+            assert node.ctx.readiness.evaluate()["agent_sup"] is False
+            for _ in range(200):
+                if runtime.whereis("agent_sup") is not None:
+                    break
+                await asyncio.sleep(0.01)
+            status, body = await http_get(port, "/readyz")
+            assert status == 200
+
+    asyncio.run(main())
