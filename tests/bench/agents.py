@@ -1,0 +1,575 @@
+"""Benchmark of a cold wave of agents: `python -m tests.bench.agents [--agents N] [--json]`.
+
+Workload (issue 4, section 7): N agents, each one grpcio channel (one HTTP/2 connection) in a few
+load-generator processes (`tests.bench.agents_loadgen`), register (a RegisterRequest of about
+2 KB) and subscribe all at once, against a gateway node started as a subprocess
+(`python -m gateway`) whose upstream channel dials the fake server (`tests.support.fake_upstream`,
+a subprocess answering in 2 ms). The streams stay open.
+
+The same run measures the ceiling: the bare grpclib server (`tests.bench.agents_bare`, no
+actors, the same two upstream calls per agent) under the same load generators, against a fresh
+fake server.
+
+For each server: the time until every agent is subscribed and the fake server has received N
+NotifyStreamStatus calls (counted from its `--verbose` call log), the server's CPU seconds
+(/proc/<pid>/stat) and RSS growth (/proc/<pid>/status) from before the wave to after it, both
+divided by N. For the gateway also the notifications dropped and lost (`/metrics`).
+
+Targets: 0 notifications dropped; CPU per agent joined within 1.3x the bare server's; memory
+per held agent, less the bytes of the Register the gateway keeps for replay, within 1.25x the
+bare server's per held stream. The longest event-loop stall is not measured yet (null).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.bench.agents_loadgen import register_request
+from tests.bench.common import REPO_ROOT, Row, add_common_arguments, environment, report
+
+NAME = "agents"
+
+DEFAULT_AGENTS = 1000
+DEFAULT_LATENCY_MS = 2.0
+REGISTER_BYTES = 2048
+AGENTS_PER_LOADGEN = 4500  # well under the 20,000 open-file limit of a process
+TARGET_CPU_RATIO = 1.3
+TARGET_MEMORY_RATIO = 1.25
+START_TIMEOUT_S = 60.0
+SETTLE_S = 1.0
+STOP_TIMEOUT_S = 10.0
+TEST_CONFIG = REPO_ROOT / "sys_config" / "test.config"
+VM_ARGS = REPO_ROOT / "sys_config" / "vm.args"
+
+_LISTENING = re.compile(rb"listening on ([\d.]+):(\d+)")
+_NOTIFY_LINE = b"NotifyStreamStatus from"
+
+
+def progress(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+# -- /proc ----------------------------------------------------------------------------------------
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of the line: 12 and 13 after "(comm) ".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# -- subprocesses ---------------------------------------------------------------------------------
+
+
+async def _stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    try:
+        await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def _spawn(*args: str, log: Path | None = None, **kwargs: Any) -> asyncio.subprocess.Process:
+    stderr: Any = subprocess.DEVNULL
+    if log is not None:
+        stderr = log.open("ab")
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, cwd=REPO_ROOT, stderr=stderr, **kwargs
+        )
+    finally:
+        if log is not None:
+            stderr.close()
+
+
+async def _listening_port(process: asyncio.subprocess.Process, what: str) -> int:
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)
+    match = _LISTENING.search(line)
+    if match is None:
+        raise RuntimeError(f"{what} did not start: {line!r}")
+    return int(match.group(2))
+
+
+@dataclass
+class Fake:
+    port: int
+    notified: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@contextlib.asynccontextmanager
+async def fake_server(latency_ms: float) -> AsyncIterator[Fake]:
+    """The fake server in a subprocess, every call answered after `latency_ms`; counts the
+    NotifyStreamStatus calls it logs (`--verbose`)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.fake_upstream",
+        "--port",
+        "0",
+        "--latency-ms",
+        f"*={latency_ms:g}",
+        "--verbose",
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    counter: asyncio.Task[None] | None = None
+    try:
+        fake = Fake(await _listening_port(process, "the fake server"))
+
+        async def count() -> None:
+            assert process.stderr is not None
+            while line := await process.stderr.readline():
+                if line.startswith(_NOTIFY_LINE):
+                    fake.notified += 1
+                    fake.changed.set()
+
+        counter = asyncio.get_running_loop().create_task(count())
+        yield fake
+    finally:
+        await _stop(process)
+        if counter is not None:
+            counter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await counter
+
+
+def gateway_config(path: Path, agents: int, fake_port: int) -> dict[str, int]:
+    """The test config with fixed free loopback ports, room for the agents, and an
+    upstream_client dialing the fake server; returns the ports."""
+    ports = {"agent": free_port(), "health": free_port(), "metrics": free_port()}
+    text = TEST_CONFIG.read_text()
+    text = text.replace("{health_port, 0}", f"{{health_port, {ports['health']}}}")
+    text = text.replace("{prometheus_port, 0}", f"{{prometheus_port, {ports['metrics']}}}")
+    text = text.replace(
+        "listen => #{port => 0, ip => {127,0,0,1}}",
+        f"listen => #{{port => {ports['agent']}, ip => {{127,0,0,1}}}}",
+    )
+    text = text.replace("max_connections => 1000", f"max_connections => {max(1000, agents + 100)}")
+    upstream = (
+        "{upstream_client, #{channels => [{default_channel,"
+        f' [{{http, "127.0.0.1", {fake_port}, []}}], #{{}}}}]}}}}'
+    )
+    text = text.replace("{allow_no_upstream, true}", upstream)
+    path.write_text(text)
+    return ports
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    async def fetch() -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+            )
+            await writer.drain()
+            raw = await reader.read()
+        finally:
+            writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        return int(head.split(b" ", 2)[1]), body
+
+    return await asyncio.wait_for(fetch(), timeout)
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of `name` (all label sets) in a Prometheus exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@dataclass
+class Server:
+    pid: int
+    agent_port: int
+    metrics_port: int | None = None
+
+
+@contextlib.asynccontextmanager
+async def gateway_node(workdir: Path, agents: int, fake_port: int) -> AsyncIterator[Server]:
+    config = workdir / "bench.config"
+    ports = gateway_config(config, agents, fake_port)
+    run_dir = workdir / "run"
+    run_dir.mkdir()
+    env = dict(os.environ)
+    env.update(
+        YUZU_GW_CONFIG=str(config),
+        YUZU_GW_VM_ARGS=str(VM_ARGS),
+        YUZU_GW_COOKIE=secrets.token_hex(32),
+        YUZU_GW_RUN_DIR=str(run_dir),
+    )
+    log = workdir / "gateway.log"
+    process = await _spawn(
+        "-m", "gateway", log=log, env=env, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"the gateway exited {process.returncode}; see {log}")
+            with contextlib.suppress(OSError, TimeoutError, IndexError, ValueError):
+                status, _ = await http_get(ports["health"], "/readyz", 2.0)
+                if status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway was not ready within {START_TIMEOUT_S} s")
+            await asyncio.sleep(0.1)
+        yield Server(process.pid, ports["agent"], ports["metrics"])
+    finally:
+        await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def bare_server(workdir: Path, fake_port: int) -> AsyncIterator[Server]:
+    process = await _spawn(
+        "-m",
+        "tests.bench.agents_bare",
+        "--upstream",
+        f"127.0.0.1:{fake_port}",
+        log=workdir / "bare.log",
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        yield Server(process.pid, await _listening_port(process, "the bare server"))
+    finally:
+        await _stop(process)
+
+
+class LoadGenerators:
+    """The load-generator processes, each holding its share of the agents."""
+
+    def __init__(self, processes: list[asyncio.subprocess.Process]) -> None:
+        self.processes = processes
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def started(
+        cls, workdir: Path, port: int, agents: int, count: int
+    ) -> AsyncIterator[LoadGenerators]:
+        share = math.ceil(agents / count)
+        processes: list[asyncio.subprocess.Process] = []
+        try:
+            for index in range(count):
+                first = index * share
+                mine = min(share, agents - first)
+                if mine <= 0:
+                    break
+                processes.append(
+                    await _spawn(
+                        "-m",
+                        "tests.bench.agents_loadgen",
+                        "--target",
+                        f"127.0.0.1:{port}",
+                        "--count",
+                        str(mine),
+                        "--first",
+                        str(first),
+                        "--register-bytes",
+                        str(REGISTER_BYTES),
+                        log=workdir / f"loadgen-{index}.log",
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                    )
+                )
+            generators = cls(processes)
+            for line in await generators._read_all():
+                if line != "ready":
+                    raise RuntimeError(f"a load generator did not start: {line!r}")
+            yield generators
+        finally:
+            for process in processes:
+                if process.stdin is not None and not process.stdin.is_closing():
+                    with contextlib.suppress(OSError):
+                        process.stdin.write(b"stop\n")
+                        process.stdin.close()
+            await asyncio.gather(*(_wait_or_kill(process) for process in processes))
+
+    async def _read_all(self, timeout: float = START_TIMEOUT_S) -> list[str]:
+        async def one(process: asyncio.subprocess.Process) -> str:
+            assert process.stdout is not None
+            return (await process.stdout.readline()).decode().strip()
+
+        return list(
+            await asyncio.wait_for(asyncio.gather(*(one(p) for p in self.processes)), timeout)
+        )
+
+    def go(self) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+
+    async def joined(self, timeout: float) -> tuple[int, int]:
+        ok = failed = 0
+        for line in await self._read_all(timeout):
+            parts = line.split()
+            if len(parts) != 4 or parts[0] != "subscribed":
+                raise RuntimeError(f"a load generator failed: {line!r}")
+            ok += int(parts[1])
+            failed += int(parts[2])
+        return ok, failed
+
+
+async def _wait_or_kill(process: asyncio.subprocess.Process) -> None:
+    try:
+        await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+# -- one wave -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Wave:
+    server: str
+    agents: int
+    subscribed: int
+    failed: int
+    announced: int
+    seconds_to_all: float | None
+    cpu_s: float
+    rss_growth_bytes: int
+    dropped: float | None = None
+    lost: float | None = None
+    agents_current: float | None = None
+
+    @property
+    def cpu_ms_per_agent(self) -> float:
+        return 1000.0 * self.cpu_s / self.agents
+
+    @property
+    def bytes_per_agent(self) -> float:
+        return self.rss_growth_bytes / self.agents
+
+
+async def wave(
+    kind: str, agents: int, loadgens: int, latency_ms: float, *, workdir: Path, quiet: bool
+) -> Wave:
+    timeout = START_TIMEOUT_S + agents / 20.0
+    async with contextlib.AsyncExitStack() as stack:
+        fake = await stack.enter_async_context(fake_server(latency_ms))
+        if kind == "gateway":
+            server = await stack.enter_async_context(gateway_node(workdir, agents, fake.port))
+        else:
+            server = await stack.enter_async_context(bare_server(workdir, fake.port))
+        generators = await stack.enter_async_context(
+            LoadGenerators.started(workdir, server.agent_port, agents, loadgens)
+        )
+        await asyncio.sleep(SETTLE_S)
+        progress(f"{kind}: {agents} agents from {loadgens} load generators", quiet)
+        cpu_before = process_cpu_s(server.pid)
+        rss_before = process_rss_bytes(server.pid)
+        started = time.perf_counter()
+        generators.go()
+        subscribed, failed = await generators.joined(timeout)
+        seconds: float | None = None
+        try:
+            deadline = time.monotonic() + 10.0
+            while fake.notified < subscribed and time.monotonic() < deadline:
+                fake.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fake.changed.wait(), 0.5)
+            if fake.notified >= agents:
+                seconds = time.perf_counter() - started
+        finally:
+            announced = fake.notified
+        await asyncio.sleep(SETTLE_S)
+        result = Wave(
+            server=kind,
+            agents=agents,
+            subscribed=subscribed,
+            failed=failed,
+            announced=announced,
+            seconds_to_all=seconds,
+            cpu_s=process_cpu_s(server.pid) - cpu_before,
+            rss_growth_bytes=process_rss_bytes(server.pid) - rss_before,
+        )
+        if server.metrics_port is not None:
+            _, body = await http_get(server.metrics_port, "/metrics")
+            text = body.decode(errors="replace")
+            result.dropped = metric_sum(text, "yuzu_gw_upstream_notify_dropped_total")
+            result.lost = metric_sum(text, "yuzu_gw_upstream_notify_lost_total")
+            result.agents_current = metric_sum(text, "yuzu_gw_agents_current")
+        progress(
+            f"{kind}: {subscribed} subscribed, {failed} failed, {announced} announced"
+            f" in {seconds if seconds is None else round(seconds, 3)} s",
+            quiet,
+        )
+        return result
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+async def run(agents: int, loadgens: int, latency_ms: float, quiet: bool) -> dict[str, Any]:
+    register_bytes = register_request("bench-agent-000000", REGISTER_BYTES).ByteSize()
+    with tempfile.TemporaryDirectory(prefix="yuzu-bench-agents-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "gateway").mkdir()
+        (workdir / "bare").mkdir()
+        gateway = await wave(
+            "gateway", agents, loadgens, latency_ms, workdir=workdir / "gateway", quiet=quiet
+        )
+        bare = await wave(
+            "bare", agents, loadgens, latency_ms, workdir=workdir / "bare", quiet=quiet
+        )
+    kb_per_agent = (gateway.bytes_per_agent - register_bytes) / 1024.0
+    bare_kb = bare.bytes_per_agent / 1024.0
+    dropped = None if gateway.dropped is None else int(gateway.dropped + (gateway.lost or 0))
+    cpu_ratio = _ratio(gateway.cpu_ms_per_agent, bare.cpu_ms_per_agent)
+    memory_ratio = _ratio(kb_per_agent, bare_kb)
+    all_subscribed = gateway.subscribed == agents and gateway.seconds_to_all is not None
+    return {
+        "benchmark": NAME,
+        "agents": agents,
+        "load_generators": loadgens,
+        "upstream_latency_ms": latency_ms,
+        "register_bytes": register_bytes,
+        "subscribed": gateway.subscribed,
+        "subscribe_failed": gateway.failed,
+        "announced": gateway.announced,
+        "agents_current": gateway.agents_current,
+        "seconds_to_all_subscribed": gateway.seconds_to_all,
+        "notifications_dropped": dropped,
+        "notify_dropped_total": gateway.dropped,
+        "notify_lost_total": gateway.lost,
+        "cpu_ms_per_agent": gateway.cpu_ms_per_agent,
+        "bare_cpu_ms_per_agent": bare.cpu_ms_per_agent,
+        "cpu_per_agent_ratio": cpu_ratio,
+        "rss_bytes_per_agent": gateway.bytes_per_agent,
+        "kb_per_agent": kb_per_agent,
+        "bare_kb_per_stream": bare_kb,
+        "memory_per_agent_ratio": memory_ratio,
+        "max_loop_stall_ms": None,
+        "bare": {
+            "subscribed": bare.subscribed,
+            "subscribe_failed": bare.failed,
+            "announced": bare.announced,
+            "seconds_to_all_subscribed": bare.seconds_to_all,
+            "cpu_s": bare.cpu_s,
+            "rss_growth_bytes": bare.rss_growth_bytes,
+        },
+        "gateway": {"cpu_s": gateway.cpu_s, "rss_growth_bytes": gateway.rss_growth_bytes},
+        "targets_met": {
+            "all_subscribed": all_subscribed,
+            "notifications_dropped": dropped == 0,
+            "cpu_per_agent_ratio": cpu_ratio is not None and cpu_ratio <= TARGET_CPU_RATIO,
+            "memory_per_agent_ratio": memory_ratio is not None
+            and memory_ratio <= TARGET_MEMORY_RATIO,
+        },
+        "environment": environment(),
+    }
+
+
+def _fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def rows(result: dict[str, Any]) -> list[Row]:
+    met = result["targets_met"]
+    n = result["agents"]
+    return [
+        Row(
+            "time to all subscribed and announced",
+            _fmt(result["seconds_to_all_subscribed"], 3, " s"),
+            f"{n} of {n}",
+            met["all_subscribed"],
+        ),
+        Row("subscribed / announced", f"{result['subscribed']} / {result['announced']}"),
+        Row(
+            "notifications dropped (+ lost)",
+            str(result["notifications_dropped"]),
+            "0",
+            met["notifications_dropped"],
+        ),
+        Row("gateway CPU per agent joined", _fmt(result["cpu_ms_per_agent"], 3, " ms")),
+        Row("bare CPU per agent joined", _fmt(result["bare_cpu_ms_per_agent"], 3, " ms")),
+        Row(
+            "CPU per agent, gateway / bare",
+            _fmt(result["cpu_per_agent_ratio"]),
+            f"<= {TARGET_CPU_RATIO}",
+            met["cpu_per_agent_ratio"],
+        ),
+        Row(
+            "gateway KB per held agent (less the Register)",
+            _fmt(result["kb_per_agent"], 1, " KB"),
+        ),
+        Row("bare KB per held stream", _fmt(result["bare_kb_per_stream"], 1, " KB")),
+        Row(
+            "memory per agent, gateway / bare",
+            _fmt(result["memory_per_agent_ratio"]),
+            f"<= {TARGET_MEMORY_RATIO}",
+            met["memory_per_agent_ratio"],
+        ),
+        Row("longest event-loop stall", "not measured", "< 50 ms"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.agents", description=__doc__)
+    parser.add_argument("--agents", type=int, default=DEFAULT_AGENTS)
+    parser.add_argument(
+        "--loadgens",
+        type=int,
+        help="load-generator processes (default: 2, or one per 4,500 agents, at most 4+)",
+    )
+    parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_common_arguments(parser, NAME)
+    args = parser.parse_args(argv)
+    if args.agents <= 0:
+        parser.error("--agents must be positive")
+    loadgens = args.loadgens or max(2, math.ceil(args.agents / AGENTS_PER_LOADGEN))
+    result = asyncio.run(run(args.agents, loadgens, args.latency_ms, args.quiet))
+    report(result, rows(result), args.out, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Smoke test of `tests.bench.agents`: the whole run (fake server, gateway node, bare server,
+load generators, all subprocesses) at 20 agents. Checks the result's shape and that every
+agent subscribed with no notification dropped, never the speed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench import agents
+from tests.bench.common import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(60)
+
+KEYS = {
+    "agents",
+    "cpu_per_agent_ratio",
+    "memory_per_agent_ratio",
+    "kb_per_agent",
+    "bare_kb_per_stream",
+    "notifications_dropped",
+    "max_loop_stall_ms",
+}
+
+
+def test_twenty_agents_all_subscribed_none_dropped() -> None:
+    result = asyncio.run(agents.run(20, 2, agents.DEFAULT_LATENCY_MS, quiet=True))
+    assert result.keys() >= KEYS
+    assert result["agents"] == 20
+    assert result["subscribed"] == 20
+    assert result["subscribe_failed"] == 0
+    assert result["announced"] == 20
+    assert result["seconds_to_all_subscribed"] is not None
+    assert result["notifications_dropped"] == 0
+    assert result["bare"]["subscribed"] == 20
+    assert result["max_loop_stall_ms"] is None
+    assert result["targets_met"]["all_subscribed"] is True
+    json.dumps(result)  # serializable as is
+    assert agents.rows(result)
+
+
+def test_json_is_the_last_line_of_stdout(tmp_path: Path) -> None:
+    out = tmp_path / "agents.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.bench.agents",
+            "--agents",
+            "4",
+            "--quiet",
+            "--json",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+    )
+    last = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert last == json.loads(out.read_text())
+    assert last.keys() >= KEYS
+    assert last["notifications_dropped"] == 0
