@@ -19,6 +19,7 @@ from thespian.actors import ActorSystem
 
 from gateway.config.keys.node import SHUTDOWN_FLUSH_BUDGET_MS
 from gateway.context import NodeContext
+from gateway.loop_monitor import LoopMonitor
 from gateway.refusal import BootRefused
 from gateway.sup import GatewaySup
 from supervisors import gc_policy
@@ -40,6 +41,7 @@ class Node:
         self.root: Address | None = None
         self.prep_stop: list[PrepStop] = []
         self._ended: asyncio.Future[ExitReason] | None = None
+        self.loop_monitor: LoopMonitor | None = None
 
     @property
     def name(self) -> str:
@@ -67,6 +69,8 @@ class Node:
         gc.collect()
         gc.freeze()
         gc_policy.tune()
+        self.loop_monitor = LoopMonitor(self.ctx.registry)
+        self.loop_monitor.start()
         log.info("node %s started (pid %d)", self.name, os.getpid())
 
     def _primary_ended(self, address: Address, reason: ExitReason) -> None:
@@ -85,6 +89,8 @@ class Node:
         runtime, root = self.runtime, self.root
         if runtime is None or root is None:
             return SHUTDOWN
+        if self.loop_monitor is not None:
+            await self.loop_monitor.stop()
         budget = self.ctx.config[SHUTDOWN_FLUSH_BUDGET_MS] / 1000
         deadline = runtime.loop.time() + budget
         for step in self.prep_stop:

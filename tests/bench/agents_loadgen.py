@@ -9,6 +9,10 @@ line per message, so the benchmark can start every generator's wave at the same 
 - on `go`: every agent registers (a RegisterRequest of about `--register-bytes`) and subscribes
   with `x-yuzu-session-id`, all at once; prints `subscribed OK FAILED SECONDS` when every agent
   has its Subscribe response headers (or has failed). The streams stay open;
+- on `heartbeat WINDOW INTERVAL` (seconds): every subscribed agent sends one Heartbeat every
+  INTERVAL on its own channel (the gateway admits a heartbeat only on the connection that opened
+  the session), the agents' first heartbeats spread evenly over the first INTERVAL, until WINDOW
+  has passed; prints `heartbeats OK FAILED`;
 - on `stop` or end of input: closes every channel and exits.
 """
 
@@ -28,6 +32,7 @@ from protos.yuzu.agent.v1 import agent_pb2
 SERVICE = "/yuzu.agent.v1.AgentService/"
 SESSION_KEY = "x-yuzu-session-id"
 DEADLINE_S = 60.0
+HEARTBEAT_DEADLINE_S = 10.0
 
 
 def register_request(agent_id: str, size: int) -> agent_pb2.RegisterRequest:
@@ -57,6 +62,8 @@ class Agent:
         )
         self.request = register_request(agent_id, register_bytes)
         self.stream: grpc.aio.StreamStreamCall | None = None
+        self.session_id = ""
+        self.subscribed = False
 
     async def join(self) -> bool:
         register = self.channel.unary_unary(
@@ -77,18 +84,63 @@ class Agent:
             request_serializer=_serialize,
             response_deserializer=agent_pb2.CommandRequest.FromString,
         )
+        self.session_id = reply.session_id
         self.stream = subscribe(metadata=((SESSION_KEY, reply.session_id),))
         await self.stream.initial_metadata()
         if self.stream.done():  # a trailers-only answer: the Subscribe was refused
             code = await self.stream.code()
             print(f"subscribe failed: {code.name}", file=sys.stderr)
             return False
+        self.subscribed = True
         return True
+
+    async def heartbeats(
+        self, start: float, offset: float, window: float, interval: float
+    ) -> tuple[int, int]:
+        """One Heartbeat every `interval` from `start + offset` until `start + window` (loop
+        time); the counts of acknowledged and failed heartbeats."""
+        heartbeat = self.channel.unary_unary(
+            SERVICE + "Heartbeat",
+            request_serializer=_serialize,
+            response_deserializer=agent_pb2.HeartbeatResponse.FromString,
+        )
+        loop = asyncio.get_running_loop()
+        ok = failed = 0
+        due = start + offset
+        while due < start + window:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            request = agent_pb2.HeartbeatRequest(session_id=self.session_id)
+            request.sent_at.millis_epoch = int(time.time() * 1000)
+            try:
+                reply = await heartbeat(request, timeout=HEARTBEAT_DEADLINE_S)
+            except grpc.aio.AioRpcError as exc:
+                failed += 1
+                if failed == 1:
+                    print(f"heartbeat failed: {exc.code().name} {exc.details()}", file=sys.stderr)
+            else:
+                if reply.acknowledged:
+                    ok += 1
+                else:
+                    failed += 1
+            due += interval
+        return ok, failed
 
     async def close(self) -> None:
         if self.stream is not None:
             self.stream.cancel()
         await self.channel.close()
+
+
+async def _heartbeats(agents: list[Agent], window: float, interval: float) -> str:
+    joined = [agent for agent in agents if agent.subscribed]
+    start = asyncio.get_running_loop().time()
+    step = interval / max(1, len(joined))
+    counts = await asyncio.gather(
+        *(agent.heartbeats(start, i * step, window, interval) for i, agent in enumerate(joined))
+    )
+    ok = sum(c[0] for c in counts)
+    failed = sum(c[1] for c in counts)
+    return f"heartbeats {ok} {failed}"
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -108,6 +160,9 @@ async def _main(args: argparse.Namespace) -> None:
                 elapsed = time.perf_counter() - started
                 ok = sum(joined)
                 print(f"subscribed {ok} {len(agents) - ok} {elapsed:.3f}", flush=True)
+            elif line.startswith("heartbeat "):
+                _, window, interval = line.split()
+                print(await _heartbeats(agents, float(window), float(interval)), flush=True)
             elif line == "stop":
                 break
     finally:

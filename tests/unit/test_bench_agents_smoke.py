@@ -29,7 +29,8 @@ KEYS = {
 
 
 def test_twenty_agents_all_subscribed_none_dropped() -> None:
-    result = asyncio.run(agents.run(20, 2, agents.DEFAULT_LATENCY_MS, quiet=True))
+    heartbeating = agents.Heartbeating(window_s=1.0, interval_s=0.5)
+    result = asyncio.run(agents.run(20, 2, agents.DEFAULT_LATENCY_MS, True, heartbeating))
     assert result.keys() >= KEYS
     assert result["agents"] == 20
     assert result["subscribed"] == 20
@@ -38,7 +39,10 @@ def test_twenty_agents_all_subscribed_none_dropped() -> None:
     assert result["seconds_to_all_subscribed"] is not None
     assert result["notifications_dropped"] == 0
     assert result["bare"]["subscribed"] == 20
-    assert result["max_loop_stall_ms"] is None
+    assert result["heartbeats_acknowledged"] >= 20
+    assert result["heartbeats_failed"] == 0
+    assert result["max_loop_stall_ms"] is not None
+    assert result["max_loop_stall_ms"] >= result["max_loop_stall_after_wave_ms"] >= 0
     assert result["targets_met"]["all_subscribed"] is True
     json.dumps(result)  # serializable as is
     assert agents.rows(result)
@@ -54,6 +58,8 @@ def test_json_is_the_last_line_of_stdout(tmp_path: Path) -> None:
             "--agents",
             "4",
             "--quiet",
+            "--heartbeat-window-s",
+            "0.5",
             "--json",
             "--out",
             str(out),
@@ -68,3 +74,4 @@ def test_json_is_the_last_line_of_stdout(tmp_path: Path) -> None:
     assert last == json.loads(out.read_text())
     assert last.keys() >= KEYS
     assert last["notifications_dropped"] == 0
+    assert last["max_loop_stall_ms"] is not None

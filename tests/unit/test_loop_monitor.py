@@ -1,0 +1,55 @@
+"""The event-loop monitor (gateway/loop_monitor.py): a blocked loop shows in the max-stall
+gauge; `stop` cancels its task."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import CollectorRegistry
+
+from gateway.loop_monitor import LAG, MAX_STALL, LoopMonitor
+
+BLOCK_S = 0.1
+
+
+def _sample(registry: CollectorRegistry, name: str) -> float:
+    value = registry.get_sample_value(name)
+    assert value is not None
+    return value
+
+
+def test_a_blocked_loop_shows_in_the_max_stall_gauge() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        monitor = LoopMonitor(registry)
+        monitor.start()
+        await asyncio.sleep(0.05)  # the monitor is waiting on its tick
+        asyncio.get_running_loop().call_soon(time.sleep, BLOCK_S)
+        await asyncio.sleep(0.05)  # the block, then at least one more tick
+        await asyncio.sleep(0.05)
+        assert _sample(registry, MAX_STALL) >= 0.08
+        assert _sample(registry, LAG) >= 0.0
+        task = monitor.task
+        assert task is not None and not task.done()
+        await monitor.stop()
+        assert task.cancelled()
+        assert monitor.task is None
+        await monitor.stop()  # a second stop is a no-op
+
+    asyncio.run(scenario())
+
+
+def test_two_monitors_on_one_registry_share_the_gauges() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        first = LoopMonitor(registry)
+        first.start()
+        await first.stop()
+        second = LoopMonitor(registry)
+        second.start()
+        await asyncio.sleep(0.02)
+        await second.stop()
+        assert _sample(registry, MAX_STALL) >= 0.0
+
+    asyncio.run(scenario())
