@@ -37,6 +37,15 @@ class LogLine:
     text: str
 
 
+@attrs.frozen
+class Count:
+    """Add `n` to the counter `family` with `labels` (pairs, in the family's label order)."""
+
+    family: str
+    labels: tuple[tuple[str, str], ...] = ()
+    n: int = 1
+
+
 def _echo(raw: object) -> str:
     shown = repr(raw) if isinstance(raw, str) else str(raw)
     return shown if len(shown) <= _ECHO_MAX else shown[: _ECHO_MAX - 3] + "..."

@@ -55,7 +55,7 @@ from typing import Literal, get_args
 
 import attrs
 
-from actors.core import LogLine
+from actors.core import Count, LogLine
 from actors.core.heartbeat_sanitise import (
     MAX_TAG_BYTES,
     MAX_TAGS,
@@ -217,15 +217,6 @@ SHUTDOWN_LEFT = (
     "Planned stop: {left} buffered heartbeat session(s) not sent by the shutdown flush "
     "({why}); they are lost with the process"
 )
-
-
-@attrs.frozen
-class Count:
-    """Add `n` to the counter `family` with `labels` (pairs, in the family's label order)."""
-
-    family: str
-    labels: tuple[tuple[str, str], ...] = ()
-    n: int = 1
 
 
 @attrs.frozen

@@ -54,7 +54,7 @@ from typing import Literal, get_args
 
 import attrs
 
-from actors.core import LogLine
+from actors.core import Count, LogLine
 from actors.core.breaker import State
 from actors.core.resend import ResendPolicy, RetryEntry, RetrySet, Uniform
 
@@ -234,15 +234,6 @@ class Send:
     probe: bool = False
     resend: bool = False
     deadline: float | None = None
-
-
-@attrs.frozen
-class Count:
-    """Add `n` to the counter `family` with `labels` (pairs, in the family's label order)."""
-
-    family: str
-    labels: tuple[tuple[str, str], ...] = ()
-    n: int = 1
 
 
 @attrs.frozen
