@@ -41,11 +41,12 @@ from grpclib.server import Handler, request_handler
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
-from h2.events import DataReceived, StreamReset
+from h2.events import DataReceived, RemoteSettingsChanged, SettingsAcknowledged, StreamReset
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
 
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
+from gateway.listeners.h2_settings import compact
 from gateway.listeners.metrics import EXTRA_REQUEST_DATA, STREAM_ENDED, ListenerMetrics
 from gateway.listeners.origin import (
     XFF_HEADER,
@@ -171,6 +172,7 @@ class ListenerProtocol(H2Protocol):
         h2.initiate_connection()
         if window > _H2_MIN_WINDOW:
             h2.increment_flow_control_window(window - _H2_MIN_WINDOW)
+        _compact_settings(h2)
         self._h2 = h2
         self._transport = transport
         self.connection = Connection(h2, transport, config=self.config)  # type: ignore[arg-type]
@@ -198,6 +200,8 @@ class ListenerProtocol(H2Protocol):
         streams = self.processor.streams
         for event in events:
             kind = type(event)
+            if kind is RemoteSettingsChanged or kind is SettingsAcknowledged:
+                _compact_settings(self._h2)
             if kind is DataReceived and event.stream_id not in streams:
                 # A stream whose handler is done: grpclib acknowledges and drops it.
                 self.policy.metrics.dropped(STREAM_ENDED, len(event.data or b""))
@@ -305,17 +309,33 @@ class ListenerProtocol(H2Protocol):
         return self._call
 
 
+def _compact_settings(h2: H2Connection | None) -> None:
+    if h2 is not None:
+        compact(h2.local_settings)
+        compact(h2.remote_settings)
+
+
 class ListenerHandler(Handler):
     """grpclib's per-connection request handler; `accept` sets up each stream's guards
-    and context before the stream's task starts."""
+    and context before the stream's task starts.
+
+    A finished stream's task leaves `_tasks` as soon as it is done. grpclib prunes that map
+    only every tenth stream of a connection, so an agent connection (a Register, a Subscribe,
+    a heartbeat every 30 s) would keep its finished Register stream, with its buffer and
+    events (about 5 KB), for minutes or for good."""
 
     # Set by the protocol it serves, right after both are made.
     owner: ListenerProtocol
 
+    def cancel(self, stream: Stream) -> None:
+        # A reset that arrives after the stream's task finished has nothing left to cancel.
+        if stream in self._tasks:
+            super().cancel(stream)
+
     def accept(
         self, stream: Stream, headers: list[tuple[str, str]], release_stream: Callable[[], Any]
     ) -> None:
-        self.__gc_step__()
+        self.__gc_step__()  # prunes the tasks of streams reset by their client
         path = None
         forwarded: list[str] | None = None
         for name, value in headers:
@@ -353,6 +373,17 @@ class ListenerHandler(Handler):
         )
         buffer.task = task
         self._tasks[stream] = task
+        task.add_done_callback(partial(self._finished, stream))
+
+    def _finished(self, stream: Stream, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(stream) is task:
+            del self._tasks[stream]
+        buffer = stream.buffer
+        if isinstance(buffer, GuardedBuffer):
+            # The stream and its buffer point at each other: without this they wait for a
+            # garbage collection instead of going when the connection lets go of the stream.
+            buffer.task = None
+            buffer.stream = None
 
 
 class GuardedBuffer(Buffer):
@@ -368,7 +399,7 @@ class GuardedBuffer(Buffer):
     ) -> None:
         super().__init__(ack_callback)
         self.owner = owner
-        self.stream = stream
+        self.stream: Stream | None = stream
         self.unary = unary
         self.task: asyncio.Task[None] | None = None
         self.held = 0
@@ -415,7 +446,7 @@ class GuardedBuffer(Buffer):
     def _stalled(self) -> None:
         self.owner.policy.metrics.recv_timeout.inc()
         log.debug("gRPC listener %s: a request stalled; stream reset", self.owner.policy.listener)
-        if self.stream.closable:
+        if self.stream is not None and self.stream.closable:
             self.stream.reset_nowait(ErrorCodes.CANCEL)
         if self.task is not None:
             self.task.cancel()

@@ -38,6 +38,7 @@ from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.context import NodeContext
 from gateway.listeners.connection import ConnectionInfo, current_call
+from gateway.listeners.h2_settings import SettingValues
 from gateway.listeners.listener_actor import (
     GetState,
     ListenerActor,
@@ -233,6 +234,28 @@ def test_calls_see_a_connection_key_per_connection_and_the_peer_as_origin() -> N
         await h.wait_until(lambda: len(listener.closed) == 2, 3, "closed hook")
         assert sorted(listener.closed) == sorted({first[0][0], second[0][0]})
         await h.wait_until(lambda: listener.actor.server.connections == 0, 3)
+
+    listener_test(body)
+
+
+def test_a_finished_call_leaves_nothing_behind_on_its_connection() -> None:
+    """An agent connection sees a Register, then a Subscribe that lasts for days: the finished
+    Register's task, stream and buffer must not stay with the connection until later calls."""
+
+    async def body(h: Harness) -> None:
+        listener = start(h)
+        one = channel(listener.port)
+        async with channels(one):
+            await register(one)
+            [protocol] = listener.actor.server.live()
+            await h.wait_until(lambda: not protocol.handler._tasks, 3, "the finished task gone")
+            assert not protocol.processor.streams
+            # And compacted SETTINGS bookkeeping after the handshake (h2_settings.py).
+            assert all(
+                type(v) is SettingValues
+                for s in (protocol._h2.local_settings, protocol._h2.remote_settings)
+                for v in s._settings.values()
+            )
 
     listener_test(body)
 
