@@ -20,10 +20,12 @@ per held agent, less the bytes of the Register the gateway keeps for replay, wit
 bare server's per held stream.
 
 Then, for the gateway only, the held agents heartbeat (each one Heartbeat every
-`HEARTBEAT_INTERVAL_S` on its own channel, spread evenly) for `HEARTBEAT_WINDOW_S`, and the
-longest event-loop stall is read from the node's `yuzu_gw_event_loop_max_stall_seconds` (the
-longest since the node started, so the wave is included); the value read before the window is
-reported too. Target: under 50 ms.
+`HEARTBEAT_INTERVAL_S` on its own channel, spread evenly) for `HEARTBEAT_WINDOW_S`. The longest
+event-loop stall while they are held and heartbeating (the issue's measure) comes from the node's
+`yuzu_gw_event_loop_stall_seconds` histogram read before and after the window: the upper bound
+of the lowest bucket holding every wake-up of the window (so "at most", to the bucket's
+resolution). Target: under 50 ms. The longest stall of the cold wave
+(`yuzu_gw_event_loop_max_stall_seconds` read before the window) is reported beside it.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ TARGET_MAX_STALL_MS = 50.0
 HEARTBEAT_INTERVAL_S = 30.0
 HEARTBEAT_WINDOW_S = 30.0
 MAX_STALL_METRIC = "yuzu_gw_event_loop_max_stall_seconds"
+STALL_BUCKET_METRIC = "yuzu_gw_event_loop_stall_seconds_bucket"
 FULL_GC_SAMPLE = 'python_gc_collections_total{generation="2"}'
 START_TIMEOUT_S = 60.0
 SETTLE_S = 1.0
@@ -408,6 +411,7 @@ class Wave:
     heartbeats_failed: int = 0
     max_stall_after_wave_s: float | None = None
     max_stall_s: float | None = None
+    stalls_over_target_in_window: float | None = None
     full_gcs_in_window: float | None = None
 
     @property
@@ -431,6 +435,25 @@ def sample(text: str, series: str) -> float | None:
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def stall_buckets(text: str) -> dict[float, float]:
+    """The cumulative counts of the stall histogram, by upper bound (`+Inf` as infinity)."""
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(STALL_BUCKET_METRIC + "{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(le)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def window_max_stall(window: dict[float, float]) -> float | None:
+    """The upper bound of the lowest bucket holding every observation of a window (cumulative
+    counts by upper bound): the longest stall was at most that. None when nothing was observed."""
+    total = window.get(math.inf, 0.0)
+    if total <= 0:
+        return None
+    return min(le for le, count in window.items() if count >= total)
 
 
 async def _metrics(metrics_port: int) -> str:
@@ -504,8 +527,13 @@ async def wave(
                 result.heartbeats_ok, result.heartbeats_failed = await generators.heartbeats(
                     heartbeating.window_s, heartbeating.interval_s
                 )
+                before = stall_buckets(text)
                 text = await _metrics(server.metrics_port)
-                result.max_stall_s = metric_sum(text, MAX_STALL_METRIC)
+                window = {le: n - before.get(le, 0.0) for le, n in stall_buckets(text).items()}
+                result.max_stall_s = window_max_stall(window)
+                result.stalls_over_target_in_window = window.get(math.inf, 0.0) - window.get(
+                    TARGET_MAX_STALL_MS / 1000.0, 0.0
+                )
                 full_gcs_after = sample(text, FULL_GC_SAMPLE)
                 if full_gcs_before is not None and full_gcs_after is not None:
                     result.full_gcs_in_window = full_gcs_after - full_gcs_before
@@ -592,6 +620,7 @@ async def run(
         "heartbeats_acknowledged": gateway.heartbeats_ok,
         "heartbeats_failed": gateway.heartbeats_failed,
         "full_gcs_in_window": gateway.full_gcs_in_window,
+        "stalls_over_target_in_window": gateway.stalls_over_target_in_window,
         "bare": {
             "subscribed": bare.subscribed,
             "subscribe_failed": bare.failed,
@@ -607,7 +636,8 @@ async def run(
             "cpu_per_agent_ratio": cpu_ratio is not None and cpu_ratio <= TARGET_CPU_RATIO,
             "memory_per_agent_ratio": memory_ratio is not None
             and memory_ratio <= TARGET_MEMORY_RATIO,
-            "max_loop_stall_ms": max_stall_ms is not None and max_stall_ms < TARGET_MAX_STALL_MS,
+            # A bucket bound: the window's longest stall was at most this.
+            "max_loop_stall_ms": max_stall_ms is not None and max_stall_ms <= TARGET_MAX_STALL_MS,
         },
         "environment": environment(),
     }
@@ -658,13 +688,18 @@ def rows(result: dict[str, Any]) -> list[Row]:
             f"{result['heartbeats_acknowledged']} / {result['heartbeats_failed']}",
         ),
         Row(
-            "longest event-loop stall (since start, wave included)",
+            "longest event-loop stall, held and heartbeating (at most)",
             _fmt(result["max_loop_stall_ms"], 1, " ms"),
-            f"< {TARGET_MAX_STALL_MS:g} ms",
+            f"<= {TARGET_MAX_STALL_MS:g} ms",
             met["max_loop_stall_ms"],
         ),
         Row(
-            "longest event-loop stall up to the end of the wave",
+            "stalls over the target in that window / full collections",
+            f"{_fmt(result['stalls_over_target_in_window'], 0)}"
+            f" / {_fmt(result['full_gcs_in_window'], 0)}",
+        ),
+        Row(
+            "longest event-loop stall of the cold wave",
             _fmt(result["max_loop_stall_after_wave_ms"], 1, " ms"),
         ),
     ]

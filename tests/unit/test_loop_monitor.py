@@ -8,13 +8,13 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from gateway.loop_monitor import LAG, MAX_STALL, LoopMonitor
+from gateway.loop_monitor import LAG, MAX_STALL, STALL, LoopMonitor
 
 BLOCK_S = 0.1
 
 
-def _sample(registry: CollectorRegistry, name: str) -> float:
-    value = registry.get_sample_value(name)
+def _sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    value = registry.get_sample_value(name, labels)
     assert value is not None
     return value
 
@@ -30,6 +30,11 @@ def test_a_blocked_loop_shows_in_the_max_stall_gauge() -> None:
         await asyncio.sleep(0.05)
         assert _sample(registry, MAX_STALL) >= 0.08
         assert _sample(registry, LAG) >= 0.0
+        # Every wake-up is observed, and the block landed above the 50 ms bucket.
+        count = _sample(registry, STALL + "_count")
+        assert count >= 3
+        assert _sample(registry, STALL + "_bucket", {"le": "+Inf"}) == count
+        assert _sample(registry, STALL + "_bucket", {"le": "0.05"}) <= count - 1
         task = monitor.task
         assert task is not None and not task.done()
         await monitor.stop()
