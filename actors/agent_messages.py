@@ -15,6 +15,7 @@ The flow of one session:
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 import attrs
@@ -39,22 +40,28 @@ class StreamEnd:
 class StreamHandle:
     """The owner's side of one Subscribe stream: a bounded queue of outbound frames that the
     stream process writes, and the end the stream process finishes with. Owned by the stream
-    process's task; the owner only puts into it (no awaits inside `receiveMessage`)."""
+    process's task; the owner only puts into it (no awaits inside `receiveMessage`).
 
-    __slots__ = ("ended", "queue")
+    Not an `asyncio.Queue`: one is held per agent for the life of its stream, and a Queue
+    carries four deques (about 2.5 KB) where this needs one, made only while frames wait (an
+    idle agent's stream, the common case, holds none), and one waiter: its only reader."""
+
+    __slots__ = ("_frames", "_maxsize", "_waiter", "ended")
 
     def __init__(self, maxsize: int = STREAM_QUEUE_MAX) -> None:
-        self.queue: asyncio.Queue[agent_pb2.CommandRequest | StreamEnd] = asyncio.Queue(maxsize)
+        self._maxsize = maxsize
+        self._frames: collections.deque[agent_pb2.CommandRequest | StreamEnd] | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self.ended = False
+
+    def qsize(self) -> int:
+        return 0 if self._frames is None else len(self._frames)
 
     def deliver(self, command: agent_pb2.CommandRequest) -> bool:
         """Queue one command for the agent; False if the stream has ended or is full."""
-        if self.ended:
+        if self.ended or self.qsize() >= self._maxsize:
             return False
-        try:
-            self.queue.put_nowait(command)
-        except asyncio.QueueFull:
-            return False
+        self._put(command)
         return True
 
     def close(self, end: StreamEnd) -> None:
@@ -62,13 +69,40 @@ class StreamHandle:
         if self.ended:
             return
         self.ended = True
-        while True:
+        if self._frames is not None and len(self._frames) >= self._maxsize:
+            # The end must get through: drop the oldest undelivered frame for it.
+            self._frames.popleft()
+        self._put(end)
+
+    def take_nowait(self) -> agent_pb2.CommandRequest | StreamEnd | None:
+        """The oldest queued frame, or None when none is queued."""
+        frames = self._frames
+        if frames is None:
+            return None
+        item = frames.popleft()
+        if not frames:
+            self._frames = None
+        return item
+
+    async def next(self) -> agent_pb2.CommandRequest | StreamEnd:
+        """The oldest queued frame, waiting for one (one reader only: the stream process)."""
+        while self._frames is None:
+            self._waiter = asyncio.get_running_loop().create_future()
             try:
-                self.queue.put_nowait(end)
-                return
-            except asyncio.QueueFull:
-                # The end must get through: drop the oldest undelivered frame for it.
-                self.queue.get_nowait()
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self.take_nowait()
+        assert item is not None
+        return item
+
+    def _put(self, item: agent_pb2.CommandRequest | StreamEnd) -> None:
+        if self._frames is None:
+            self._frames = collections.deque()
+        self._frames.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 @attrs.frozen
@@ -104,3 +138,6 @@ class DeliverCommand:
 
     command: agent_pb2.CommandRequest = attrs.field(repr=False)
     reply_to: Any = None
+    # When `reply_to` stops waiting, on the loop clock (None: until the final answer). Past it
+    # the owner no longer counts the command as in flight, even if no ForgetCommand came.
+    deadline: float | None = None

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import attrs
+from grpclib.const import Status
 
 from actors.agent_messages import (
     AgentFrame,
@@ -52,6 +53,7 @@ from actors.core.owner_lifecycle import (
     Effect,
     FailCommands,
     OwnerLifecycle,
+    Phase,
     Predecessor,
     RegisterSession,
     Stop,
@@ -59,12 +61,19 @@ from actors.core.owner_lifecycle import (
     WriteRow,
 )
 from actors.core.warn_limit import WarnLimiter
-from actors.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
+from actors.owner_messages import (
+    CommandAnswer,
+    CommandFailed,
+    EndSession,
+    FailReason,
+    ForgetCommand,
+)
 from actors.owner_table import OWNERS_TABLE, OwnerRow, OwnerState, owner_row
 from actors.registry_messages import OwnerRefused, OwnerRegistered, OwnerUp
 from actors.registry_messages import Unregister as UnregisterSession
 from actors.sessions import REGISTRY_NAME
 from actors.upstream_messages import ForwardGuardian, Notify
+from gateway.watch_events import publish
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.messages import ActorDown
@@ -83,6 +92,8 @@ _NOT_SENT_LOG = "Stream-status notification (%s) not sent: the upstream process 
 # not flood the log (the count of held-back lines follows).
 _not_sent = WarnLimiter(1.0)
 _RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+# A session the server refused on a replay: the agent comes back through Register.
+_UNAVAILABLE = int(Status.UNAVAILABLE.value)
 
 
 @attrs.frozen
@@ -123,8 +134,8 @@ class AgentOwner(Process):
 
     def receiveMessage(self, msg: Any, sender: Address) -> None:
         match msg:
-            case DeliverCommand(command=command, reply_to=reply_to):
-                self._deliver(command, reply_to)
+            case DeliverCommand(command=command, reply_to=reply_to, deadline=deadline):
+                self._deliver(command, reply_to, deadline)
             case AgentFrame(response=response):
                 self._frame(response)
             case ForgetCommand(command_id=command_id):
@@ -142,6 +153,10 @@ class AgentOwner(Process):
             case ActorDown(address=address) if address == self._registry:
                 self._registry_monitor = None
                 self._apply(self.life.registry_down())
+            case EndSession(session_id=session_id, details=details) if (
+                session_id == self.args.session_id
+            ):
+                self._end_session(details)
             case _EndSession():
                 self.exit(NORMAL)
             case _:
@@ -154,7 +169,7 @@ class AgentOwner(Process):
         return {
             "phase": self.life.phase.value,
             "pending_commands": len(self.commands),
-            "queued": self.args.stream.queue.qsize(),
+            "queued": self.args.stream.qsize(),
             "delivered": self.delivered,
             "answers": self.answers,
             "unmatched_frames": self.unmatched,
@@ -163,13 +178,20 @@ class AgentOwner(Process):
 
     # -- commands ------------------------------------------------------------------------------
 
-    def _deliver(self, command: agent_pb2.CommandRequest, reply_to: Any) -> None:
+    def _deliver(
+        self, command: agent_pb2.CommandRequest, reply_to: Any, deadline: float | None
+    ) -> None:
         command_id = command.command_id
         tracked = reply_to is not None and bool(command_id)
         if not self.life.accepts_commands:
             self._fail(reply_to, command_id, "agent_disconnected")
             return
-        if tracked and not self.commands.has_room(command_id):
+        now = self.now()
+        if command_id and self.commands.in_flight(command_id, now):
+            # Issue 6: the agent already runs this id; writing it again would run it twice.
+            self._fail(reply_to, command_id, "duplicate_command_id")
+            return
+        if tracked and not self.commands.has_room(now):
             self._fail(reply_to, command_id, "too_many_pending")
             return
         if not self.args.stream.deliver(command):
@@ -180,9 +202,7 @@ class AgentOwner(Process):
             return
         self.delivered += 1
         if tracked:
-            displaced = self.commands.expect(command_id, reply_to)
-            if displaced is not None:
-                self._fail(displaced, command_id, "superseded")
+            self.commands.expect(command_id, reply_to, deadline)
 
     def _frame(self, response: agent_pb2.CommandResponse) -> None:
         if is_guardian_event(response.plugin, response.command_id):
@@ -252,6 +272,7 @@ class AgentOwner(Process):
                 peer=sanitise_peer_addr(args.peer),
                 plugins=args.plugins,
                 connected_at=time.time(),
+                info=getattr(args.register, "info", None),
             ),
         )
 
@@ -276,8 +297,19 @@ class AgentOwner(Process):
                 conn_key=args.conn_key,
                 stream_home_id=self.stream_home_id,
                 state=cast(OwnerState, state),
+                register=args.register,
             ),
         )
+
+    def _end_session(self, details: str) -> None:
+        """The server refused the session on a registration replay: end it normally (the
+        lifecycle sends its one DISCONNECTED) after closing the stream UNAVAILABLE with
+        `details`, so the agent registers afresh. Only a streaming owner holds a replayed
+        session; one that is still registering or already ending is left alone."""
+        if self.life.phase is not Phase.STREAMING:
+            return
+        self.args.stream.close(StreamEnd(_UNAVAILABLE, details))
+        self.exit(NORMAL)
 
     def _delete_row(self) -> None:
         row = owner_row(self.runtime, self.args.session_id)
@@ -292,6 +324,9 @@ class AgentOwner(Process):
         peer = sanitise_peer_addr(args.peer)
         if event is Event.CONNECTED:
             log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(peer))
+        # WatchEvents sees what the server is told (gateway/watch_events.py); never waits.
+        reason = "stream_closed" if stream_home_id == self.stream_home_id else "owner_restarted"
+        publish(self.runtime, args.agent_id, args.session_id, event, reason)
         upstream = self.runtime.whereis(UPSTREAM_NAME)
         if upstream is None:
             # The held store lives in the upstream process: with it down the notification is

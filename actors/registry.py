@@ -1,11 +1,17 @@
 """`registry`: the actor that owns the agent-session tables (the Erlang yuzu_gw_registry).
 
-It holds two cores and four tables:
+It holds two cores and five tables:
 
 - `SessionSlots` (actors/core/reservations.py): the per-connection cap, reservations included;
 - `PendingStore` (actors/core/pending.py): pending rows, the same-agent rule, TTL and grace;
-- the protected tables `agents`, `pending_registrations`, `connections`, `sessions_index`
-  (actors/sessions.py), which it alone writes, so any code reads them without a message.
+- the protected tables `agents`, `agents_by_id`, `pending_registrations`, `connections`,
+  `sessions_index` (actors/sessions.py), which it alone writes, so any code reads them without
+  a message.
+
+`agents_by_id` maps an agent id to its newest live session: the router resolves a command's
+target in O(1) and the management plane walks the agents by id. An agent can hold two live
+sessions for a moment (it registered again while its old stream was still open); the index then
+names the newer, and falls back to the older if the newer ends first.
 
 Everything one message does is atomic: the cap check and the reservation, a commit and the
 same-agent rule, a take and the slot moving to the Subscribe's connection. That is the whole
@@ -68,6 +74,7 @@ from actors.registry_messages import (
     Unregister,
 )
 from actors.sessions import (
+    AGENTS_BY_ID,
     AGENTS_TABLE,
     CONNECTIONS_TABLE,
     PENDING_TABLE,
@@ -94,6 +101,7 @@ __all__ = ["Registry", "RegistryArgs", "registry_child_spec"]
 log = logging.getLogger("yuzu_gw.registry")
 
 _SWEEP = "registry_sweep"
+_GONE = object()
 
 
 @attrs.frozen
@@ -133,6 +141,9 @@ class Registry(Process):
         self.slots = SessionSlots(args.slots)
         self.pending = PendingStore(args.pending)
         self.agents: Table[str, AgentRow] = self.new_table(AGENTS_TABLE)
+        self.agents_by_id: Table[str, str] = self.new_table(AGENTS_BY_ID)
+        # agent id -> its live session ids, oldest first (an ordered set): the index's fallback.
+        self._sessions_of: dict[str, dict[str, None]] = {}
         self.pending_rows: Table[str, PendingRow] = self.new_table(PENDING_TABLE)
         self.connections: Table[ConnKey, ConnUsage] = self.new_table(CONNECTIONS_TABLE)
         self.sessions_index: Table[str, Binding] = self.new_table(SESSIONS_INDEX)
@@ -298,8 +309,12 @@ class Registry(Process):
                 plugins=msg.plugins,
                 connected_at=msg.connected_at,
                 stream_home_id=msg.stream_home_id,
+                info=msg.info,
             ),
         )
+        if previous is not None and previous.agent_id != msg.agent_id:
+            self._unindex_agent(previous.agent_id, session_id)
+        self._index_agent(msg.agent_id, session_id)
         self._publish_conn(conn_key)
         self._reindex(session_id)
         return OwnerRegistered(session_id)
@@ -327,6 +342,7 @@ class Registry(Process):
         if row is None or row.owner != owner:
             return
         self.agents.delete(session_id)
+        self._unindex_agent(row.agent_id, session_id)
         self._free(_live(session_id))
         self._reindex(session_id)
 
@@ -394,6 +410,22 @@ class Registry(Process):
             self.sessions_index.delete(session_id)
         elif self.sessions_index.get(session_id) != binding:
             self.sessions_index.insert(session_id, binding)
+
+    def _index_agent(self, agent_id: str, session_id: str) -> None:
+        sessions = self._sessions_of.setdefault(agent_id, {})
+        sessions.pop(session_id, None)
+        sessions[session_id] = None
+        self.agents_by_id.insert(agent_id, session_id)
+
+    def _unindex_agent(self, agent_id: str, session_id: str) -> None:
+        sessions = self._sessions_of.get(agent_id)
+        if sessions is None or sessions.pop(session_id, _GONE) is _GONE:
+            return
+        if sessions:
+            self.agents_by_id.insert(agent_id, next(reversed(sessions)))
+        else:
+            del self._sessions_of[agent_id]
+            self.agents_by_id.delete(agent_id)
 
     def _publish_conn(self, conn_key: ConnKey) -> None:
         usage = self.slots.usage(conn_key)

@@ -175,6 +175,9 @@ class OwnerUp:
     plugins: tuple[str, ...] = ()
     # Wall-clock seconds (time.time()) for the console; the registry never reads a wall clock.
     connected_at: float = 0.0
+    # The AgentInfo of the Register (agent_pb2.AgentInfo), kept in the session's row for the
+    # management plane; never logged or shown.
+    info: object = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

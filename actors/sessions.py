@@ -1,11 +1,12 @@
 """What any code on the node may read about agent sessions, without a message.
 
-The registry (actors/registry.py) owns four protected tables and is their only writer; this
+The registry (actors/registry.py) owns five protected tables and is their only writer; this
 module names them, defines their rows, and gives request processes the reads they need:
 
 | table | key | row |
 | --- | --- | --- |
 | `agents` | session id | `AgentRow`: a live session and its owner |
+| `agents_by_id` | agent id | the session id of the agent's newest live session |
 | `pending_registrations` | session id | `PendingRow` (actors/core/pending.py) |
 | `connections` | connection key | `ConnUsage`: the slots one connection holds, by kind |
 | `sessions_index` | session id | `Binding`: the connection a session is bound to |
@@ -14,13 +15,14 @@ Reads go to the runtime's table by name on every call, never to a saved table ob
 restarted registry makes new, empty tables (seed: "the registry recreates its tables empty").
 
 Heartbeat admission (`admit`) reads node-local state only and never asks an actor, so it costs
-two dictionary lookups per heartbeat.
+two dictionary lookups per heartbeat. The router and the management plane find an agent by its
+id the same way (`agent_session`: two lookups), and walk every agent held (`held_agent_ids`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMISSION_REASONS",
+    "AGENTS_BY_ID",
     "AGENTS_TABLE",
     "CONNECTIONS_TABLE",
     "OWNERS_TABLE",
@@ -47,7 +50,9 @@ __all__ = [
     "ConnUsage",
     "OwnerRecord",
     "admit",
+    "agent_session",
     "binding_of",
+    "held_agent_ids",
     "install_readiness",
     "pending_of",
     "readiness_checks",
@@ -59,6 +64,7 @@ ConnKey = Hashable
 
 REGISTRY_NAME = "registry"
 AGENTS_TABLE = "agents"
+AGENTS_BY_ID = "agents_by_id"
 PENDING_TABLE = "pending_registrations"
 CONNECTIONS_TABLE = "connections"
 SESSIONS_INDEX = "sessions_index"
@@ -96,6 +102,9 @@ class AgentRow:
     plugins: tuple[str, ...]
     connected_at: float  # wall clock, seconds
     stream_home_id: str
+    # The AgentInfo of the agent's Register (hostname, platform, version, plugins), for the
+    # management plane's ListAgents and GetAgent; None when the owner had none to give.
+    info: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -159,6 +168,24 @@ def session_of(runtime: LoopSystemBase, session_id: str) -> AgentRow | None:
     """The live session, or None (unknown, or no registry)."""
     row = _read(runtime, AGENTS_TABLE, session_id)
     return row if isinstance(row, AgentRow) else None
+
+
+def agent_session(runtime: LoopSystemBase, agent_id: str) -> AgentRow | None:
+    """The agent's newest live session on this node, or None (not held, or no registry)."""
+    session_id = _read(runtime, AGENTS_BY_ID, agent_id)
+    return session_of(runtime, session_id) if isinstance(session_id, str) else None
+
+
+def held_agent_ids(runtime: LoopSystemBase) -> list[str] | None:
+    """Every agent id this node holds a live session of (no order); None when the registry is
+    not running (its tables are gone with it)."""
+    table = runtime.table(AGENTS_BY_ID)
+    if table is None:
+        return None
+    try:
+        return list(table.keys())
+    except TableGone:
+        return None
 
 
 def pending_of(runtime: LoopSystemBase, session_id: str) -> PendingRow | None:

@@ -37,7 +37,7 @@ from actors.registration import RESERVE_TIMEOUT_S
 from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
 from actors.sessions import OWNERS_TABLE, registry_address
 from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
-from gateway.status import not_found, unavailable
+from gateway.status import not_found, session_refused
 from gateway.upstream.methods import SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
@@ -106,7 +106,7 @@ async def _take(plane: AgentPlane, session_id: str, key: Any) -> Taken:
         if answer.reason == "not_found":
             raise not_found("no pending registration for this session")
         if answer.reason in ("cap", "connection_down"):
-            raise unavailable(f"Subscribe refused: {answer.reason}")
+            raise session_refused("Subscribe", answer.reason)
         raise failed("Subscribe", f"refused {answer.reason}")
     raise failed("Subscribe", "unexpected registry answer")
 
@@ -174,7 +174,7 @@ class _StreamProcess:
         try:
             await self.stream.send_initial_metadata()
             while True:
-                item = await self.handle.queue.get()
+                item = await self.handle.next()
                 if isinstance(item, StreamEnd):
                     end = item
                     break

@@ -197,9 +197,11 @@ def gateway_config(path: Path, agents: int, fake_port: int) -> dict[str, int]:
     text = TEST_CONFIG.read_text()
     text = text.replace("{health_port, 0}", f"{{health_port, {ports['health']}}}")
     text = text.replace("{prometheus_port, 0}", f"{{prometheus_port, {ports['metrics']}}}")
+    # The first listener is the agent one; the others keep port 0 (a free port each).
     text = text.replace(
         "listen => #{port => 0, ip => {127,0,0,1}}",
         f"listen => #{{port => {ports['agent']}, ip => {{127,0,0,1}}}}",
+        1,
     )
     text = text.replace("max_connections => 1000", f"max_connections => {max(1000, agents + 100)}")
     upstream = (

@@ -159,8 +159,8 @@ def context(terms: str = "") -> Any:
 
 def drain(stream: StreamHandle) -> list[Any]:
     out = []
-    while not stream.queue.empty():
-        out.append(stream.queue.get_nowait())
+    while (item := stream.take_nowait()) is not None:
+        out.append(item)
     return out
 
 

@@ -49,10 +49,10 @@ def test_shipped_dev_and_test_configs_as_documented() -> None:
     assert (dev[node.HEALTH_PORT], dev[node.PROMETHEUS_PORT]) == (8081, 9568)
     # The dev config has an agent listener (loopback), so it needs no listener acknowledgement.
     assert not dev[listeners.ALLOW_NO_LISTENERS] and dev[upstream.ALLOW_NO_UPSTREAM]
-    assert [spec.name for spec in dev[listeners.GRPC_LISTENERS]] == ["agent"]
+    assert [spec.name for spec in dev[listeners.GRPC_LISTENERS]] == ["agent", "mgmt"]
     test = load_config(SYS_CONFIG / "test.config", {})
     assert (test[node.HEALTH_PORT], test[node.PROMETHEUS_PORT]) == (0, 0)
-    assert [spec.port for spec in test[listeners.GRPC_LISTENERS]] == [0]
+    assert [spec.port for spec in test[listeners.GRPC_LISTENERS]] == [0, 0]
     prod = load_config(SYS_CONFIG / "sys.config.prod", {})
     # A deployment never acknowledges a missing listener or upstream channel.
     assert not prod[listeners.ALLOW_NO_LISTENERS] and not prod[upstream.ALLOW_NO_UPSTREAM]

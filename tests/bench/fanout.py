@@ -1,0 +1,484 @@
+"""Benchmark of SendCommand fan-out: `python -m tests.bench.fanout --agents N [--json]`.
+
+Workload (issue 6, section 3): N agents held by a gateway node started as a subprocess
+(`python -m gateway`, its upstream the fake server `tests.support.fake_upstream` answering in
+2 ms), each one grpcio channel in a few load-generator processes (`tests.bench.fanout_loadgen`)
+that answer every command at once (SUCCESS). One grpcio operator client in this process, on the
+management listener:
+
+- (a) single-target commands at a steady rate (`--rate`, 200 a second, for `--duration-s`, each
+  to a random held agent): the round trip from the call to the agent's answer at the operator,
+  p50 and p99;
+- (b) a broadcast to all N (empty `agent_ids`), `BROADCASTS` times: the time from the call until
+  the last of the N answers reaches the operator (the median is reported).
+
+The same run measures the ceiling: the bare grpclib relay (`tests.bench.fanout_bare`, no actors)
+takes the same operator calls, writes to the same N agent streams held by the same load
+generators, and writes each reply back to the operator.
+
+Targets (at N = 5,000 on one node): single-target p99 within 1.5x the bare relay's at 200
+commands a second; broadcast within 1.5x the bare relay's. Every command must be answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import random
+import secrets
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2
+from tests.bench.agents import (
+    START_TIMEOUT_S,
+    VM_ARGS,
+    _listening_port,
+    _spawn,
+    _stop,
+    _wait_or_kill,
+    fake_server,
+    free_port,
+    gateway_config,
+    http_get,
+    metric_sum,
+    progress,
+)
+from tests.bench.common import Row, add_common_arguments, environment, report
+
+NAME = "fanout"
+
+DEFAULT_AGENTS = 5000
+DEFAULT_RATE = 200.0
+DEFAULT_DURATION_S = 10.0
+BROADCASTS = 3
+WARMUP_COMMANDS = 20
+TARGET_RATIO = 1.5
+UPSTREAM_LATENCY_MS = 2.0
+AGENTS_PER_LOADGEN = 2500  # each agent: a channel and an answering task
+COMMAND_TIMEOUT_S = 60
+CALL_DEADLINE_S = 120.0
+SETTLE_S = 1.0
+SEND_COMMAND = "/yuzu.server.v1.ManagementService/SendCommand"
+_SUCCESS = agent_pb2.CommandResponse.Status.SUCCESS
+_RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+
+
+def agent_id(index: int) -> str:
+    return f"bench-agent-{index:06d}"  # tests.bench.fanout_loadgen's ids
+
+
+@dataclass
+class Endpoint:
+    """Where the load generators and the operator connect, and the server's metrics port."""
+
+    agent_port: int
+    mgmt_port: int
+    metrics_port: int | None = None
+
+
+# -- the two servers ------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def gateway_node(workdir: Path, agents: int) -> AsyncIterator[Endpoint]:
+    """The gateway as a subprocess, its upstream a fake server, the management listener on a
+    fixed free loopback port; returns once /readyz is 200."""
+    async with fake_server(UPSTREAM_LATENCY_MS) as fake:
+        config = workdir / "bench.config"
+        ports = gateway_config(config, agents, fake.port)
+        mgmt_port = free_port()
+        text = config.read_text().replace(
+            "listen => #{port => 0, ip => {127,0,0,1}}",
+            f"listen => #{{port => {mgmt_port}, ip => {{127,0,0,1}}}}",
+            1,
+        )
+        config.write_text(text)
+        run_dir = workdir / "run"
+        run_dir.mkdir()
+        env = dict(os.environ)
+        env.update(
+            YUZU_GW_CONFIG=str(config),
+            YUZU_GW_VM_ARGS=str(VM_ARGS),
+            YUZU_GW_COOKIE=secrets.token_hex(32),
+            YUZU_GW_RUN_DIR=str(run_dir),
+        )
+        log = workdir / "gateway.log"
+        process = await _spawn(
+            "-m", "gateway", log=log, env=env, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if process.returncode is not None:
+                    raise RuntimeError(f"the gateway exited {process.returncode}; see {log}")
+                with contextlib.suppress(OSError, TimeoutError, IndexError, ValueError):
+                    if (await http_get(ports["health"], "/readyz", 2.0))[0] == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the gateway was not ready within {START_TIMEOUT_S} s")
+                await asyncio.sleep(0.1)
+            yield Endpoint(ports["agent"], mgmt_port, ports["metrics"])
+        finally:
+            await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def bare_relay(workdir: Path) -> AsyncIterator[Endpoint]:
+    process = await _spawn(
+        "-m",
+        "tests.bench.fanout_bare",
+        log=workdir / "bare.log",
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        port = await _listening_port(process, "the bare relay")
+        yield Endpoint(port, port)
+    finally:
+        await _stop(process)
+
+
+# -- the load generators --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def load_generators(
+    workdir: Path, port: int, agents: int, count: int
+) -> AsyncIterator[tuple[int, int]]:
+    """Start the generators, join every agent; yields (subscribed, failed)."""
+    share = math.ceil(agents / count)
+    processes: list[asyncio.subprocess.Process] = []
+
+    async def lines(timeout: float) -> list[str]:
+        async def one(process: asyncio.subprocess.Process) -> str:
+            assert process.stdout is not None
+            return (await process.stdout.readline()).decode().strip()
+
+        return list(await asyncio.wait_for(asyncio.gather(*map(one, processes)), timeout))
+
+    try:
+        for index in range(count):
+            first = index * share
+            mine = min(share, agents - first)
+            if mine <= 0:
+                break
+            processes.append(
+                await _spawn(
+                    "-m",
+                    "tests.bench.fanout_loadgen",
+                    "--target",
+                    f"127.0.0.1:{port}",
+                    "--count",
+                    str(mine),
+                    "--first",
+                    str(first),
+                    log=workdir / f"loadgen-{index}.log",
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            )
+        if any(line != "ready" for line in await lines(START_TIMEOUT_S)):
+            raise RuntimeError("a load generator did not start")
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+        subscribed = failed = 0
+        for line in await lines(START_TIMEOUT_S + agents / 20.0):
+            parts = line.split()
+            if len(parts) != 4 or parts[0] != "subscribed":
+                raise RuntimeError(f"a load generator failed: {line!r}")
+            subscribed += int(parts[1])
+            failed += int(parts[2])
+        yield subscribed, failed
+    finally:
+        for process in processes:
+            if process.stdin is not None and not process.stdin.is_closing():
+                with contextlib.suppress(OSError):
+                    process.stdin.write(b"stop\n")
+                    process.stdin.close()
+        await asyncio.gather(*(_wait_or_kill(process) for process in processes))
+
+
+# -- the operator ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    server: str
+    agents: int
+    subscribed: int = 0
+    single_ms: list[float] = field(default_factory=list)
+    single_failed: int = 0
+    broadcast_s: list[float] = field(default_factory=list)
+    broadcast_answers: list[int] = field(default_factory=list)
+
+    def single_percentile(self, q: float) -> float | None:
+        if not self.single_ms:
+            return None
+        ordered = sorted(self.single_ms)
+        return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+    @property
+    def broadcast_median_s(self) -> float | None:
+        return statistics.median(self.broadcast_s) if self.broadcast_s else None
+
+
+def _request(command_id: str, targets: list[str]) -> management_pb2.SendCommandRequest:
+    return management_pb2.SendCommandRequest(
+        agent_ids=targets,
+        command=agent_pb2.CommandRequest(command_id=command_id, plugin="bench", action="noop"),
+        timeout_seconds=COMMAND_TIMEOUT_S,
+    )
+
+
+async def _answers(call: Any, started: float) -> tuple[int, int, float]:
+    """(terminal answers, of which SUCCESS, seconds from `started` to the last one)."""
+    final = ok = 0
+    last = started
+    async for response in call:
+        if response.response.status != _RUNNING:
+            final += 1
+            ok += response.response.status == _SUCCESS
+            last = time.perf_counter()
+    return final, ok, last - started
+
+
+async def operate(
+    result: Measured, mgmt_port: int, *, agents: int, rate: float, duration_s: float, quiet: bool
+) -> None:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{mgmt_port}")
+    send = channel.unary_stream(
+        SEND_COMMAND,
+        request_serializer=management_pb2.SendCommandRequest.SerializeToString,
+        response_deserializer=management_pb2.SendCommandResponse.FromString,
+    )
+    rng = random.Random(7)
+    try:
+        for n in range(WARMUP_COMMANDS):
+            await _answers(send(_request(f"w{n}", [agent_id(n % agents)]), timeout=30), 0.0)
+
+        async def single(n: int) -> None:
+            started = time.perf_counter()
+            target = agent_id(rng.randrange(agents))
+            try:
+                final, ok, seconds = await _answers(
+                    send(_request(f"s{n}", [target]), timeout=CALL_DEADLINE_S), started
+                )
+            except grpc.aio.AioRpcError:
+                final = ok = 0
+                seconds = 0.0
+            if final == 1 and ok == 1:
+                result.single_ms.append(1000.0 * seconds)
+            else:
+                result.single_failed += 1
+
+        count = max(1, int(rate * duration_s))
+        progress(f"{result.server}: {count} single-target commands at {rate:g}/s", quiet)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        tasks = []
+        for n in range(count):
+            await asyncio.sleep(max(0.0, start + n / rate - loop.time()))
+            tasks.append(asyncio.ensure_future(single(n)))
+        await asyncio.gather(*tasks)
+
+        for b in range(BROADCASTS):
+            progress(f"{result.server}: broadcast {b + 1} of {BROADCASTS} to {agents}", quiet)
+            started = time.perf_counter()
+            _, ok, seconds = await _answers(
+                send(_request(f"b{b}", []), timeout=CALL_DEADLINE_S), started
+            )
+            result.broadcast_s.append(seconds)
+            result.broadcast_answers.append(ok)
+            await asyncio.sleep(SETTLE_S)
+    finally:
+        await channel.close()
+
+
+async def measure(
+    kind: str,
+    agents: int,
+    loadgens: int,
+    rate: float,
+    duration_s: float,
+    *,
+    workdir: Path,
+    quiet: bool,
+) -> Measured:
+    result = Measured(kind, agents)
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "gateway":
+            endpoint = await stack.enter_async_context(gateway_node(workdir, agents))
+        else:
+            endpoint = await stack.enter_async_context(bare_relay(workdir))
+        progress(f"{kind}: {agents} agents from {loadgens} load generators", quiet)
+        result.subscribed, _ = await stack.enter_async_context(
+            load_generators(workdir, endpoint.agent_port, agents, loadgens)
+        )
+        if endpoint.metrics_port is not None:
+            await _held(endpoint.metrics_port, result.subscribed)
+        await asyncio.sleep(SETTLE_S)
+        await operate(
+            result, endpoint.mgmt_port, agents=agents, rate=rate, duration_s=duration_s, quiet=quiet
+        )
+    return result
+
+
+async def _held(metrics_port: int, agents: int) -> None:
+    """Wait until the gateway holds every subscribed agent (its owners registered)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        _, body = await http_get(metrics_port, "/metrics")
+        if metric_sum(body.decode(errors="replace"), "yuzu_gw_agents_current") >= agents:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the gateway did not hold every subscribed agent")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+async def run(
+    agents: int, loadgens: int, *, rate: float, duration_s: float, quiet: bool, keep: Path | None
+) -> dict[str, Any]:
+    with contextlib.ExitStack() as scope:
+        if keep is None:
+            workdir = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="yuzu-bench-")))
+        else:
+            workdir = keep
+            workdir.mkdir(parents=True)
+        results = {}
+        for kind in ("gateway", "bare"):
+            (workdir / kind).mkdir()
+            results[kind] = await measure(
+                kind, agents, loadgens, rate, duration_s, workdir=workdir / kind, quiet=quiet
+            )
+    gateway, bare = results["gateway"], results["bare"]
+    single_p99, bare_p99 = gateway.single_percentile(0.99), bare.single_percentile(0.99)
+    broadcast, bare_broadcast = gateway.broadcast_median_s, bare.broadcast_median_s
+    single_ratio = _ratio(single_p99, bare_p99)
+    broadcast_ratio = _ratio(broadcast, bare_broadcast)
+    answers = min(gateway.broadcast_answers, default=0)
+    commands = max(1, int(rate * duration_s))
+    return {
+        "benchmark": NAME,
+        "agents": agents,
+        "load_generators": loadgens,
+        "rate_per_s": rate,
+        "duration_s": duration_s,
+        "subscribed": gateway.subscribed,
+        "single_commands": commands,
+        "single_failed": gateway.single_failed,
+        "single_p50_ms": gateway.single_percentile(0.5),
+        "single_p99_ms": single_p99,
+        "bare_single_p50_ms": bare.single_percentile(0.5),
+        "bare_single_p99_ms": bare_p99,
+        "single_p99_ratio_vs_bare": single_ratio,
+        "broadcast_s": broadcast,
+        "broadcast_runs_s": gateway.broadcast_s,
+        "bare_broadcast_s": bare_broadcast,
+        "bare_broadcast_runs_s": bare.broadcast_s,
+        "broadcast_ratio_vs_bare": broadcast_ratio,
+        "answers": answers,
+        "bare_answers": min(bare.broadcast_answers, default=0),
+        "bare_single_failed": bare.single_failed,
+        "targets_met": {
+            "all_answered": gateway.single_failed == 0 and answers == agents,
+            "single_p99_ratio_vs_bare": single_ratio is not None and single_ratio <= TARGET_RATIO,
+            "broadcast_ratio_vs_bare": broadcast_ratio is not None
+            and broadcast_ratio <= TARGET_RATIO,
+        },
+        "environment": environment(),
+    }
+
+
+def _fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def rows(result: dict[str, Any]) -> list[Row]:
+    met = result["targets_met"]
+    n = result["agents"]
+    return [
+        Row(
+            "answered: single failed / broadcast answers",
+            f"{result['single_failed']} / {result['answers']}",
+            f"0 / {n}",
+            met["all_answered"],
+        ),
+        Row(
+            "single-target p50, gateway / bare",
+            f"{_fmt(result['single_p50_ms'], 2, ' ms')}"
+            f" / {_fmt(result['bare_single_p50_ms'], 2, ' ms')}",
+        ),
+        Row(
+            "single-target p99, gateway / bare",
+            f"{_fmt(result['single_p99_ms'], 2, ' ms')}"
+            f" / {_fmt(result['bare_single_p99_ms'], 2, ' ms')}",
+        ),
+        Row(
+            "single-target p99 ratio vs bare",
+            _fmt(result["single_p99_ratio_vs_bare"]),
+            f"<= {TARGET_RATIO}",
+            met["single_p99_ratio_vs_bare"],
+        ),
+        Row(
+            "broadcast to all, gateway / bare",
+            f"{_fmt(result['broadcast_s'], 3, ' s')} / {_fmt(result['bare_broadcast_s'], 3, ' s')}",
+        ),
+        Row(
+            "broadcast ratio vs bare",
+            _fmt(result["broadcast_ratio_vs_bare"]),
+            f"<= {TARGET_RATIO}",
+            met["broadcast_ratio_vs_bare"],
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.fanout", description=__doc__)
+    parser.add_argument("--agents", type=int, default=DEFAULT_AGENTS)
+    parser.add_argument(
+        "--loadgens", type=int, help="load-generator processes (default: one per 2,500 agents)"
+    )
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="single-target commands/s")
+    parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--keep-logs", type=Path, help="a new directory to keep every process's log in"
+    )
+    add_common_arguments(parser, NAME)
+    args = parser.parse_args(argv)
+    if args.agents <= 0 or args.rate <= 0 or args.duration_s <= 0:
+        parser.error("--agents, --rate and --duration-s must be positive")
+    loadgens = args.loadgens or math.ceil(args.agents / AGENTS_PER_LOADGEN)
+    result = asyncio.run(
+        run(
+            args.agents,
+            loadgens,
+            rate=args.rate,
+            duration_s=args.duration_s,
+            quiet=args.quiet,
+            keep=args.keep_logs,
+        )
+    )
+    report(result, rows(result), args.out, args.json)
+
+
+if __name__ == "__main__":
+    main()
