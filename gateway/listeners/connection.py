@@ -39,7 +39,7 @@ def next_key() -> int:
 class ConnectionInfo:
     """One accepted connection. Slots: 60,000 of these may be alive at once."""
 
-    __slots__ = ("_callbacks", "_transport", "key", "listener", "open", "peer", "peer_port")
+    __slots__ = ("_callbacks", "_peer_der", "key", "listener", "open", "peer", "peer_port")
 
     def __init__(self, key: int, listener: str, peer: str, peer_port: int) -> None:
         self.key = key
@@ -47,23 +47,20 @@ class ConnectionInfo:
         self.peer = peer  # bare IP, IPv4-mapped folded
         self.peer_port = peer_port
         self.open = True
-        self._transport: object | None = None
+        self._peer_der: bytes | None = None
         self._callbacks: list[Callable[[ConnectionInfo], None]] | None = None
 
     def attach(self, transport: object) -> None:
-        """Called by the listener once the connection is established (after TLS)."""
-        self._transport = transport
+        """Called by the listener once the connection is established (after TLS). The peer
+        certificate is captured here, once: the management listener's per-stream check reads
+        it for every stream."""
+        ssl_object = transport.get_extra_info("ssl_object")  # type: ignore[attr-defined]
+        if ssl_object is not None:
+            self._peer_der = ssl_object.getpeercert(binary_form=True)
 
     def peer_cert(self) -> bytes | None:
         """The DER certificate the client presented in the TLS handshake, or None."""
-        transport = self._transport
-        if transport is None:
-            return None
-        ssl_object = transport.get_extra_info("ssl_object")  # type: ignore[attr-defined]
-        if ssl_object is None:
-            return None
-        der: bytes | None = ssl_object.getpeercert(binary_form=True)
-        return der
+        return self._peer_der
 
     def on_close(self, callback: Callable[[ConnectionInfo], None]) -> None:
         """Call `callback(self)` once when the connection closes (at once if it has)."""
@@ -79,7 +76,6 @@ class ConnectionInfo:
         if not self.open:
             return
         self.open = False
-        self._transport = None
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             _run(callback, self)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import resource
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from gateway.config.keys.listeners import ALLOW_NO_LISTENERS, GRPC_LISTENERS
 from gateway.config.terms import format_atom
@@ -40,6 +41,9 @@ from gateway.refusal import BootRefused
 from supervisors.supervisor import ChildSpec
 from supervisors.table import Table
 
+if TYPE_CHECKING:
+    from gateway.mgmt_auth.gate import PeerGate
+
 log = logging.getLogger("yuzu_gw.listeners")
 
 READINESS_CHECK = "listeners"
@@ -55,12 +59,20 @@ def listener_child_specs(
     handlers: Mapping[str, object],
     *,
     on_connection_closed: Callable[[ConnectionInfo], None] | None = None,
+    peer_gate: PeerGate | None = None,
 ) -> tuple[ChildSpec, ...]:
     """One permanent worker per configured listener, in config order, named
     `listener_<name>`; registers the `listeners` readiness check. `on_connection_closed` is
-    told every connection that goes away (the registry's ConnectionDown)."""
+    told every connection that goes away (the registry's ConnectionDown). `peer_gate` puts the
+    management peer authorisation in front of the management routes (docs/mgmt-auth.md)."""
     specs: tuple[ListenerSpec, ...] = ctx.config[GRPC_LISTENERS]
     routes = {spec.name: resolve_routes(spec, handlers) for spec in specs}
+    if peer_gate is not None:
+        routes = {spec.name: peer_gate.guard(spec, routes[spec.name]) for spec in specs}
+    elif any(spec.serves_mgmt and spec.tls is not None for spec in specs):
+        # Serving the management plane over TLS without its authorisation would admit any
+        # holder of a certificate from the install CA: never start that way.
+        raise RuntimeError("a management listener with TLS needs the peer gate")
     check_fd_limit(specs)
     metrics = ListenerMetrics(ctx.registry)
     board = ListenerBoard(specs, ctx.config[ALLOW_NO_LISTENERS])

@@ -23,6 +23,7 @@ to :func:`new_key` for an RSA key when a test needs one.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -293,3 +294,17 @@ def ensure_pki(directory: Path | str) -> Pki:
     if all((directory / n).is_file() for n in names):
         return load_pki(directory)
     return write_pki(directory)
+
+
+def spki_sha256_hex(cert: x509.Certificate) -> str:
+    """The ``{spki_sha256, Hex}`` pin of a certificate: upper-case hex SHA-256 of its DER
+    SubjectPublicKeyInfo, computed from the key (as ``openssl pkey -pubin -outform DER``)."""
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(spki).hexdigest().upper()
+
+
+def server_identity(ca: CertAuthority) -> str:
+    """The management server identity under ``ca``: ``yuzu://<ca fingerprint>/server``."""
+    return f"yuzu://{ca.fingerprint_hex}/server"
