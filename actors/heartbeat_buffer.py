@@ -15,8 +15,11 @@ module only does the I/O and the timers:
 - `Count` effects go to the two metric families (gateway/heartbeat_metrics.py), `LogLine`
   effects to the log; `format_status` shows counts only.
 
-The server's verdict in each answer (`unknown_session_ids`) is issue 5 §2's: `_on_verdict` is
-where it will be read; today it does nothing.
+The server's verdict in each successful answer (`unknown_session_ids` and its truncated flag) is
+read by the verdict core (actors/core/verdicts.py) with the number of heartbeats the chunk held
+and the `upstream` actor's mailbox length (read from the runtime, no message); its `Cast` goes to
+that actor's registration replay as a `HeartbeatVerdict`, its counts to the verdict metrics
+(gateway/replay_metrics.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from actors.core.heartbeat_buffer import (
     outcome_for_status,
     policy_from_settings,
 )
+from actors.core.verdicts import Cast, VerdictEffect, VerdictReader
 from actors.heartbeat_messages import BufferHeartbeat
+from actors.upstream import NAME as UPSTREAM
 from gateway.config.keys.heartbeat import (
     HEARTBEAT_BATCH_INTERVAL_MS,
     MAX_HEARTBEAT_BUFFER,
@@ -48,6 +53,7 @@ from gateway.config.keys.heartbeat import (
 )
 from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from gateway.heartbeat_metrics import HeartbeatMetrics, heartbeat_metrics
+from gateway.replay_metrics import ReplayMetrics, replay_metrics
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.channel_actor import upstream_channel
 from gateway.upstream.methods import BATCH_HEARTBEAT
@@ -80,9 +86,11 @@ _LEVELS = {
 
 @attrs.frozen
 class ChunkWork:
-    """The tag of the worker sending chunk `chunk_id`."""
+    """The tag of the worker sending chunk `chunk_id` of `count` heartbeats (the verdict's
+    batch)."""
 
     chunk_id: int
+    count: int = 0
 
 
 async def send_chunk(
@@ -130,6 +138,8 @@ class HeartbeatBufferActor(Process):
         self.metrics: HeartbeatMetrics = heartbeat_metrics(args.registry)
         buffer = self.buffer
         self.metrics.watch(lambda: buffer.sessions)
+        self.verdicts = VerdictReader()
+        self.verdict_metrics: ReplayMetrics = replay_metrics(args.registry)
         self._stopping = False
         self._flush_timer: Any = self.wakeupAfter(policy.interval_s, _FLUSH)
 
@@ -138,7 +148,7 @@ class HeartbeatBufferActor(Process):
 
     def format_status(self) -> Mapping[str, Any]:
         # Counts only: the buffer holds session ids, tags and snapshots, which must never show.
-        return attrs.asdict(self.buffer.status())
+        return {**attrs.asdict(self.buffer.status()), **self.verdicts.status()}
 
     # -- messages --
 
@@ -146,8 +156,8 @@ class HeartbeatBufferActor(Process):
         match msg:
             case BufferHeartbeat(heartbeat=heartbeat):
                 self._perform(self.buffer.intake(heartbeat))
-            case WorkerDone(tag=ChunkWork(chunk_id=chunk_id)):
-                self._on_chunk_done(chunk_id, msg)
+            case WorkerDone(tag=ChunkWork(chunk_id=chunk_id, count=count)):
+                self._on_chunk_done(chunk_id, count, msg)
             case WakeupMessage(payload=payload) if payload == _FLUSH:
                 self._on_flush_timer()
             case WakeupMessage(payload=payload) if payload == _DEADLINE:
@@ -164,10 +174,10 @@ class HeartbeatBufferActor(Process):
         self._flush_timer = self.wakeupAfter(self.buffer.policy.interval_s, _FLUSH)
         self._perform(self.buffer.start_flush(self.now()))
 
-    def _on_chunk_done(self, chunk_id: int, done: WorkerDone) -> None:
+    def _on_chunk_done(self, chunk_id: int, count: int, done: WorkerDone) -> None:
         outcome = outcome_of(done)
         if outcome is Outcome.OK:
-            self._on_verdict(done.result)
+            self._on_verdict(done.result, count)
         elif outcome is Outcome.TRANSIENT and not isinstance(done.error, UpstreamCallError):
             # A defect or an unexpected library error: the class only (its text may hold data).
             log.warning(
@@ -176,9 +186,27 @@ class HeartbeatBufferActor(Process):
             )
         self._perform(self.buffer.chunk_result(chunk_id, outcome, self.now()))
 
-    def _on_verdict(self, response: object) -> None:
-        """Hook for issue 5 §2: the `unknown_session_ids` of a successful BatchHeartbeat
-        (the registration replay's trigger). Not read yet: the answer changes nothing today."""
+    def _on_verdict(self, response: gateway_pb2.BatchHeartbeatResponse, batch: int) -> None:
+        """The server's verdict on a chunk of `batch` heartbeats: the sessions it does not hold
+        go to the registration replay (an older server's answer has none: nothing happens)."""
+        runtime = self.runtime
+        upstream = runtime.whereis(UPSTREAM)
+        mailbox = None if upstream is None else runtime.mailbox_len(upstream)
+        effects: list[VerdictEffect] = self.verdicts.read(
+            response.unknown_session_ids,
+            response.unknown_session_ids_truncated,
+            batch,
+            self.now(),
+            mailbox,
+        )
+        for effect in effects:
+            match effect:
+                case Cast(verdict=verdict) if upstream is not None:
+                    self.send(upstream, verdict)
+                case Count():
+                    self.verdict_metrics.count(effect)
+                case LogLine(level=level, text=text):
+                    log.log(_LEVELS[level], "%s", text)
 
     def _start_shutdown(self) -> None:
         if self._stopping:
@@ -216,4 +244,5 @@ class HeartbeatBufferActor(Process):
         if chunk.deadline is not None:
             timeout = min(timeout, chunk.deadline - self.now())
         timeout = max(_MIN_TIMEOUT_S, timeout)
-        self.run_worker(send_chunk(self.runtime, chunk, timeout), ChunkWork(chunk.chunk_id))
+        work = ChunkWork(chunk.chunk_id, chunk.count)
+        self.run_worker(send_chunk(self.runtime, chunk, timeout), work)

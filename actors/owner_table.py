@@ -7,7 +7,8 @@ when the owner ends for good). Any actor of the node may write it; by convention
 writes only its own session's row, and a restarted owner deletes its dead predecessor's.
 
 Rows honour `actors.sessions.OwnerRecord` (owner, conn_key, state): heartbeat admission reads
-them to keep a session admitted while its owner is dead or recovering (ADM-08).
+them to keep a session admitted while its owner is dead or recovering (ADM-08). The registration
+replay reads a row's stored RegisterRequest (`register`) and its stream home id.
 
 A row exists exactly while its owner has announced CONNECTED and owes the DISCONNECTED
 (actors/core/owner_lifecycle.py), so the row is also the record of that debt.
@@ -25,6 +26,7 @@ from supervisors.address import Address
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
+    from protos.yuzu.agent.v1 import agent_pb2
     from supervisors.process import Process
     from supervisors.runtime import LoopSystemBase
     from supervisors.table import Table
@@ -44,6 +46,9 @@ class OwnerRow:
     conn_key: Hashable | None
     stream_home_id: str
     state: OwnerState = "live"
+    # The agent's stored RegisterRequest, which the registration replay presents to the server
+    # again (actors/upstream_replay.py). Never compared or printed: it holds the enrolment token.
+    register: agent_pb2.RegisterRequest | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def create_owner_table(process: Process) -> Table[str, OwnerRow]:

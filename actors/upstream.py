@@ -14,9 +14,12 @@ hands every other message to the lane that owns it.
   held store's workers and timers, the half-open probe (a transition to closed and the breaker's
   ProbeReady start a drain), and the planned-stop flush (`FlushNotifications`, `RaiseNotifyCap`).
 - Guardian forwards (actors/upstream_guardian.py): `ForwardGuardian` from the agent owners.
+- The registration replay (actors/upstream_replay.py): `HeartbeatVerdict` from the heartbeat
+  buffer, a lost CONNECTED from the notification lane, its workers and timer; a breaker
+  transition lets a paused replay go on (a recovery starts none).
 
-The registration replay (issue 5) will be a third lane here. The actor never waits on the
-server: every RPC runs as a worker and comes back as a `WorkerDone` routed by its tag.
+The actor never waits on the server: every RPC runs as a worker and comes back as a `WorkerDone`
+routed by its tag.
 
 Results are matched to the breaker period they were admitted in by the `epoch` of the view the
 caller read; `incarnation` tells this actor's periods from a previous (crashed) one's, whose
@@ -50,6 +53,7 @@ from actors.core.breaker import (
     classify,
     policy_from_settings,
 )
+from actors.core.verdicts import HeartbeatVerdict
 from actors.core.warn_limit import WarnLimiter
 from actors.upstream_guardian import GuardianLane, GuardianWork
 from actors.upstream_lane import CallResult
@@ -62,11 +66,13 @@ from actors.upstream_notify import (
     NotifyWork,
     RaiseNotifyCap,
 )
+from actors.upstream_replay import ReplayLane, ReplayTimer, ReplayWork
 from gateway.config.keys.breaker import (
     CIRCUIT_BREAKER_FAILURE_THRESHOLD,
     CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS,
     CIRCUIT_BREAKER_RESET_TIMEOUT_MS,
 )
+from gateway.replay_metrics import replay_metrics
 from gateway.upstream.metrics import UpstreamMetrics, rpc_name, upstream_metrics
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
@@ -218,12 +224,16 @@ class Upstream(Process):
         # The lanes before the first effects: a transition drains the notification lane.
         self.notify = NotifyLane(self, args, self.metrics.notify)
         self.guardian = GuardianLane(self, args, self.metrics.guardian)
+        self.replay = ReplayLane(self, args, replay_metrics(args.registry), self.notify)
+        self.notify.replay_active = lambda: self.replay.active
+        self.notify.arm_replay = self.replay.arm_notify_loss
         self.perform([self.breaker.published()])
 
     def terminate(self, reason: ExitReason) -> None:
         # The store is memory only and dies here; its gauges must not report it afterwards.
         self.notify.detach()
         self.guardian.detach()
+        self.replay.detach()
 
     # -- messages --
 
@@ -239,6 +249,12 @@ class Upstream(Process):
                 self.notify.on_done(msg)
             case WorkerDone(tag=GuardianWork()):
                 self.guardian.on_done(msg)
+            case HeartbeatVerdict():
+                self.replay.on_verdict(msg)
+            case WorkerDone(tag=ReplayWork()):
+                self.replay.on_done(msg)
+            case WakeupMessage(payload=ReplayTimer()):
+                self.replay.on_timer()
             case WakeupMessage(payload=NotifyTimer() as timer):
                 self.notify.on_timer(timer)
             case WakeupMessage(payload=payload) if payload == _POLL:
@@ -264,6 +280,7 @@ class Upstream(Process):
             "probe_out": breaker.probe_out,
             **self.notify.status(),
             **self.guardian.status(),
+            **self.replay.status(),
         }
 
     # -- the breaker shell --
@@ -295,13 +312,14 @@ class Upstream(Process):
     def perform(self, effects: list[Effect]) -> None:
         """Carry out breaker effects. A transition to closed, or a free probe slot, starts a
         notification drain: held notifications wait for exactly these moments."""
-        drain = False
+        drain = moved = False
         for effect in effects:
             match effect:
                 case Transition(previous=previous, current=current, line=line):
                     self._log(line)
                     self.metrics.breaker_transitions.labels(previous.value, current.value).inc()
                     drain = drain or current is State.CLOSED
+                    moved = True
                 case PublishState(state=state):
                     self.table.insert(BREAKER_KEY, self._view())
                     self.metrics.set_breaker_state(state)
@@ -310,6 +328,8 @@ class Upstream(Process):
         self._arm_poll()
         if drain:
             self.notify.drain()
+        if moved:
+            self.replay.pump()  # a replay paused by an open breaker goes on
 
     def _view(self) -> BreakerView:
         b = self.breaker

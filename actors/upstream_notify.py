@@ -5,8 +5,8 @@ is docs/stream-status-notifications.md). This shell turns the actor's messages i
 core and carries out the effects it returns:
 
 * `Notify` (told by an agent owner) -> `offer`, then `drain` with the breaker's state and epoch.
-  `holds_session` reads the public `owners` table (a missing table or row: not held), and no
-  registration replay runs yet (`replay_active=False`; issue 5 brings the replay).
+  `holds_session` reads the public `owners` table (a missing table or row: not held), and
+  `replay_active` asks the actor's replay lane (`replay_active`, set by the actor).
 * `Send` -> a worker calling NotifyStreamStatus through the upstream channel, admitted by
   `Breaker.admit_notification` (the half-open probe takes the breaker's probe slot). The probe's
   call gets notify_probe_timeout_ms and a timer of its own: a probe that has not reported by
@@ -17,7 +17,8 @@ core and carries out the effects it returns:
 * Timers: the store's `next_deadline` (a resend falls due, a DISCONNECTED's window ends).
   Breaker transitions to closed and ProbeReady drain too (the host calls `drain`).
 * `Count` -> the prometheus counters; gauges are read at scrape time; `LogLine` -> logging;
-  `ArmFullReplay` -> an INFO line and a count (the replay itself is issue 5); `Settled` is for
+  `ArmFullReplay` -> an INFO line, a count and `arm_replay` (the replay lane, set by the
+  actor: actors/upstream_replay.py); `Settled` is for
   an owner recovering its session (a later issue).
 * The planned stop's step 5 (`FlushNotifications`, asked by prep_stop) runs the core's
   `begin_flush` / `flush` / `finish_flush` and answers `FlushDone` when nothing is left or the
@@ -30,7 +31,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
@@ -53,6 +54,7 @@ from actors.core.notify_store import (
     pending_max_for,
 )
 from actors.core.resend import ResendPolicy
+from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
 from actors.sessions import OWNERS_TABLE
 from actors.upstream_lane import CallResult, LaneHost, result_of, start_call
@@ -217,6 +219,9 @@ class NotifyLane:
         self.metrics = metrics
         self.store = NotifyStore(_policy(ctx.config), uniform=random.Random().uniform)
         self.replays_armed = 0
+        # The replay lane's hooks (actors/upstream_replay.py), set by the `upstream` actor.
+        self.replay_active: Callable[[], bool] = lambda: False
+        self.arm_replay: Callable[[float], None] = lambda _now: None
         self._limiter = WarnLimiter()
         # token -> what a send in flight needs when it ends: its breaker ticket, its call (so a
         # probe past its deadline can be killed), its probe timer, its notification (for lines)
@@ -230,6 +235,8 @@ class NotifyLane:
         self._again = False
         self._flush: _Flush | None = None
         self._last_flush = FlushDone(0, 0)
+        # Every slot held is the `notify` lane's saturation (the slow-server sampler, CB-17).
+        self._saturation = LaneFlag(SlowLane.NOTIFY, host.table.insert)
         metrics.watch(lambda: self.store.gauges(host.now()))
 
     def detach(self) -> None:
@@ -339,7 +346,7 @@ class NotifyLane:
                     now,
                     breaker.state,
                     breaker.epoch,
-                    replay_active=False,
+                    replay_active=self.replay_active(),
                     holds_session=self._holds_session,
                 )
                 self._carry_out(effects, now)
@@ -400,6 +407,9 @@ class NotifyLane:
                     self._replay_armed(now)
                 case Settled():
                     pass  # an owner recovering its session waits for these (a later issue)
+        # Every store call that starts or ends a send returns its effects through here.
+        store = self.store
+        self._saturation.update(store.inflight >= store.policy.max_inflight)
 
     def _start(self, send: Send, now: float) -> None:
         breaker = self.host.breaker
@@ -486,6 +496,7 @@ class NotifyLane:
 
     def _replay_armed(self, now: float) -> None:
         self.replays_armed += 1
+        self.arm_replay(now)
         suffix = self._limiter.admit("replay_armed", now)
         if suffix is not None:
             log.info("%s%s", REPLAY_ARMED_LINE, suffix)

@@ -542,11 +542,20 @@ class LoopSystemBase:
     def whereis(self, name: str) -> Address | None:
         return self._names.get(name)
 
+    def registered(self) -> dict[str, Address]:
+        """Every registered name and its actor (a copy; Erlang's `registered()`)."""
+        return dict(self._names)
+
     def is_alive(self, address: Address) -> bool:
         return address._aaddr in self._refs
 
     def ref(self, address: Address) -> ActorRef | None:
         return self._refs.get(address._aaddr)
+
+    def mailbox_len(self, address: Address) -> int | None:
+        """Messages waiting for the actor (Erlang's message_queue_len); None if it is not alive."""
+        ref = self._refs.get(address._aaddr)
+        return None if ref is None else len(ref.mailbox or ())
 
     def refs(self) -> Iterator[ActorRef]:
         return iter(list(self._refs.values()))
