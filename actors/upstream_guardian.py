@@ -31,6 +31,7 @@ import attrs
 from actors.core.breaker import Lane, ResultKind, State
 from actors.core.notify_store import log_text
 from actors.core.permits import GUARDIAN_STREAMS
+from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
 from actors.upstream_lane import CallResult, LaneHost, result_of, start_call
 from actors.upstream_messages import ForwardGuardian
@@ -75,6 +76,8 @@ class GuardianLane:
         self._out: dict[int, Ticket] = {}
         self._token = 0
         self._limiter = WarnLimiter()
+        # All 50 slots held is the `guardian` lane's saturation (the slow-server sampler).
+        self._saturation = LaneFlag(SlowLane.GUARDIAN, host.table.insert)
         metrics.watch(lambda: len(self._out))
 
     @property
@@ -103,6 +106,7 @@ class GuardianLane:
         self._token += 1
         token = self._token
         self._out[token] = admission.ticket
+        self._saturation.update(len(self._out) >= MAX_INFLIGHT)
         self.forwarded += 1
         agent_id, response = msg.agent_id, msg.response
         start_call(
@@ -118,6 +122,7 @@ class GuardianLane:
         ticket = self._out.pop(done.tag.token, None)
         if ticket is None:
             return
+        self._saturation.update(len(self._out) >= MAX_INFLIGHT)
         result = result_of(done)
         if result is None:
             result = CallResult(ResultKind.EXCEPTION, detail=type(done.error).__name__)

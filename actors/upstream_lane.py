@@ -26,6 +26,7 @@ from supervisors.messages import WorkerDone
 if TYPE_CHECKING:
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
+    from supervisors.table import Table
 
 __all__ = ["CallResult", "LaneHost", "result_of", "start_call"]
 
@@ -36,6 +37,9 @@ class LaneHost(Protocol):
     """The part of the `upstream` actor a lane uses."""
 
     breaker: Breaker
+    # The host's protected state table (`upstream_state`): a lane publishes what other code
+    # reads without a message there (its saturation, for the slow-server sampler).
+    table: Table[Any, Any]
 
     @property
     def runtime(self) -> LoopSystemBase: ...

@@ -13,7 +13,9 @@ The Erlang gateway's yuzu_gw_upstream_regulator. It owns the `PermitPool` core
 
 It arms one timer at the earliest waiter deadline so a request whose deadline passes is refused
 on time (and never sent), and it carries out the core's effects: the answers, the metrics
-(held, waiting, wait time, refusals, dropped calls, limits) and the sizing log lines.
+(held, waiting, wait time, refusals, dropped calls, limits) and the sizing log lines. Whether a
+live request waits (the `permits` lane's saturation) is published in its protected table
+`upstream_regulator_state`, which the slow-server sampler reads without a message.
 
 It finds the channel in the `upstream_channels` table the channel actor publishes, subscribes
 to its settings changes, and looks at the table again every second: when the channel is gone
@@ -46,6 +48,7 @@ from actors.core.permits import (
     Refused,
     policy_from_settings,
 )
+from actors.core.slow_server import LaneFlag, SlowLane
 from gateway.config.keys.upstream import (
     UPSTREAM_CALL_TIMEOUT_MS,
     UPSTREAM_INVENTORY_CONCURRENCY,
@@ -69,6 +72,7 @@ __all__ = [
     "CHANNELS_TABLE",
     "DEFAULT_CHANNEL",
     "NAME",
+    "STATE_TABLE",
     "Acquire",
     "Cancel",
     "GetPermits",
@@ -83,6 +87,7 @@ __all__ = [
 log = logging.getLogger("yuzu_gw.upstream_regulator")
 
 NAME = "upstream_regulator"
+STATE_TABLE = "upstream_regulator_state"
 # How often to look at the published channel (none yet, a channel restart, a test node with
 # allow_no_upstream): a table read, so cheap; one second bounds how long the permits run on
 # stale sizes after a channel actor was replaced without telling anyone (a brutal kill).
@@ -170,6 +175,7 @@ class Regulator(Process):
         for line in lines:
             self._log(line)
         self.pool = PermitPool(policy)
+        self._saturation = LaneFlag(SlowLane.PERMITS, self.new_table(STATE_TABLE).insert)
         self.metrics: UpstreamMetrics = upstream_metrics(args.registry)
         # Who asked, for requests not yet answered (queued); answered ones are dropped.
         self.askers: dict[Hashable, Address] = {}
@@ -247,6 +253,7 @@ class Regulator(Process):
                 case LogLine():
                     self._log(effect)
         self._arm_expire()
+        self._saturation.update(self.pool.live_waiting)
 
     def _answer(self, request_id: Hashable, answer: PermitGranted | PermitRefused) -> None:
         asker = self.askers.pop(request_id, None)
