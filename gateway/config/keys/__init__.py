@@ -19,6 +19,7 @@ from gateway.config.keys import (
     replay,
     router,
     sessions,
+    shedder,
     upstream,
 )
 from gateway.config.schema import DeadKeys, Schema
@@ -36,6 +37,7 @@ AREAS: tuple[ModuleType, ...] = (
     sessions,
     cluster,
     mgmt,
+    shedder,
 )
 
 # Keys old configs carry that nothing has read for several releases; the manual says they are
@@ -53,6 +55,8 @@ SCHEMA = Schema(
     dead=DEAD_KEYS,
     no_effect_env=upstream.NO_EFFECT_ENV,
     # Whole-config rules of the listeners: the port variables, then no gateway without a
-    # listener routing the AgentService (unless allow_no_listeners is the literal true).
-    checks=listeners.CHECKS,
+    # listener routing the AgentService (unless allow_no_listeners is the literal true); then
+    # the memory shedder's marks, resolved against the memory limit read once here; then the
+    # management peer authorisation (it reads the final listener list).
+    checks=listeners.CHECKS + shedder.CHECKS + mgmt.CHECKS,
 )
