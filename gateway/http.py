@@ -34,8 +34,13 @@ class Response:
 
 Handler = Callable[[], Response]
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -82,8 +87,7 @@ async def _serve_connection(
 ) -> None:
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-            ConnectionError):
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
         return
     response, head_only = _route(head, routes)
     writer.write(_render(response, head_only))
@@ -100,9 +104,7 @@ async def serve(sock: socket.socket, routes: Mapping[str, Handler]) -> None:
     async def one(conn: socket.socket) -> None:
         writer: asyncio.StreamWriter | None = None
         try:
-            reader, writer = await asyncio.open_connection(
-                sock=conn, limit=MAX_REQUEST_HEAD_BYTES
-            )
+            reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_REQUEST_HEAD_BYTES)
             await _serve_connection(reader, writer, routes)
         finally:
             if writer is not None:

@@ -11,6 +11,4 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def configure_logging(env: Mapping[str, str]) -> None:
     level = env.get("YUZU_GW_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO), format=LOG_FORMAT, force=True
-    )
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format=LOG_FORMAT, force=True)

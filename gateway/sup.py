@@ -14,10 +14,15 @@ from collections.abc import Callable
 from actors.agent_sup import AGENT_SUP_NAME, agent_sup_child_spec
 from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat_buffer import HeartbeatBufferActor
+from actors.mem_reclaim import child_spec as mem_reclaim_child_spec
+from actors.memory_shedder import child_spec as memory_shedder_child_spec
 from actors.owner_table import create_owner_table
 from actors.registry import registry_child_spec
 from actors.registry_messages import ConnectionDown
+from actors.router import ROUTER_NAME, router_child_spec
 from actors.sessions import registry_address
+from actors.slow_sampler import NAME as SLOW_SERVER
+from actors.slow_sampler import SlowSampler
 from actors.upstream import Upstream, readiness_checks
 from actors.upstream_regulator import Regulator
 from gateway.agent_service import MODULE as AGENT_SERVICE_MODULE
@@ -28,7 +33,11 @@ from gateway.context import NodeContext
 from gateway.endpoints import EndpointArgs, HttpEndpoint, health_routes, metrics_routes
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.tree import listener_child_specs
+from gateway.mgmt_auth.tree import mgmt_auth_tree
+from gateway.mgmt_service import MODULE as MGMT_SERVICE_MODULE
+from gateway.mgmt_service import mgmt_service
 from gateway.upstream.channel_actor import UpstreamChannelActor
+from gateway.watch_events import create_watch_table
 from supervisors.runtime import LoopSystemBase
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 
@@ -63,17 +72,26 @@ class GatewaySup(Supervisor):
             ctx.readiness.register(check_name, check)
         # Seed, "Readiness": the agent supervisor must be alive (a name read, no call).
         ctx.readiness.register("agent_sup", lambda: runtime.whereis(AGENT_SUP_NAME) is not None)
+        ctx.readiness.register(ROUTER_NAME, lambda: runtime.whereis(ROUTER_NAME) is not None)
         # Built here, before any child starts: the listeners are validated (a bad route refuses
         # the boot before anything binds) and the admission summary state exists before the
-        # first heartbeat can arrive.
+        # first heartbeat can arrive. Management peer authorisation guards the management
+        # routes; its certificate watcher publishes the pins before the listeners start.
+        mgmt_auth = mgmt_auth_tree(ctx)
         listeners = listener_child_specs(
             ctx,
-            {AGENT_SERVICE_MODULE: agent_service(ctx, runtime)},
+            {
+                AGENT_SERVICE_MODULE: agent_service(ctx, runtime),
+                MGMT_SERVICE_MODULE: mgmt_service(ctx, runtime),
+            },
             on_connection_closed=connection_closed(runtime),
+            peer_gate=mgmt_auth.gate,
         )
         # The owner table belongs to the root so a row outlives its owner's crash and agent_sup's
         # restarts (seed: "When an agent's owner process crashes").
         create_owner_table(self)
+        # WatchEvents' watchers, which the owners publish to: the root's, like the owner table.
+        create_watch_table(self)
         return SupSpec(
             SupFlags("one_for_one", ROOT_INTENSITY, ROOT_PERIOD_S),
             (
@@ -92,8 +110,17 @@ class GatewaySup(Supervisor):
                 ),
                 # One owner per agent session, started by the Subscribe handlers.
                 agent_sup_child_spec(ctx),
+                # Fans SendCommand out to the owners (seed: "Subscribe Stream Proxy").
+                router_child_spec(ctx),
+                # Reads the lane states the upstream actors publish; not a readiness input.
+                ChildSpec(SLOW_SERVER, SlowSampler, ctx, name=SLOW_SERVER),
                 ChildSpec("console", ConsoleServer, ctx, name="console"),
+                mgmt_auth.watcher,
                 *listeners,
+                # After the listeners it moves, so it stops before them (issue 7 §2: the
+                # shedder stops, then the agent listeners are suspended).
+                memory_shedder_child_spec(ctx),
+                mem_reclaim_child_spec(ctx),
             ),
         )
 
