@@ -24,7 +24,7 @@ from actors.core.permits import Caller
 from actors.sessions import UNKNOWN_SESSION_DETAILS, admit
 from gateway.agent_plane import AgentPlane, conn_key, receive, refuse_oversize
 from gateway.agent_register import remaining_s
-from gateway.status import not_found, unavailable, upstream_failed
+from gateway.status import not_found, upstream_failed, upstream_refused
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.calls import UpstreamRefused
 from gateway.upstream.methods import PROXY_INVENTORY
@@ -57,7 +57,7 @@ async def report_inventory(
         )
     except UpstreamRefused as refused:
         plane.warn("inventory_upstream", f"Upstream ReportInventory failed: {refused.reason}")
-        raise unavailable(f"Upstream ReportInventory failed: {refused.reason}") from None
+        raise upstream_refused(refused, "ReportInventory") from None
     except UpstreamCallError as error:
         plane.warn("inventory_upstream", f"Upstream ReportInventory failed: {error}")
         raise upstream_failed(error, "ReportInventory") from None

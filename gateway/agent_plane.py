@@ -11,7 +11,8 @@ the metrics, one warn limiter, and the two rules every method follows.
   handler chose is answered INTERNAL with one ERROR line naming the method, the exception class
   and the top frame only. grpclib's own handler would log the whole traceback (its locals can
   hold an enrolment token) and answer UNKNOWN (seed: "A refused Subscribe ends with its own
-  status"; SPEC_INDEX S18).
+  status"; SPEC_INDEX S18). A `HintedRefusal` is answered with its retry hint in the trailers
+  (gateway/retry_hint.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from actors.upstream import Outcome, breaker_view
 from gateway.agent_metrics import AgentMetrics
 from gateway.config import Config
 from gateway.listeners.connection import current_call
+from gateway.retry_hint import HintedRefusal, send_refusal
 from gateway.status import internal
 from gateway.upstream.calls import UpstreamCalls
 from supervisors.reason import ExitReason
@@ -151,7 +153,10 @@ def guarded(method: str) -> Callable[[Handler], Handler]:
         @functools.wraps(handler)
         async def run(self: Any, stream: Stream[Any, Any]) -> None:
             try:
-                await handler(self, stream)
+                try:
+                    await handler(self, stream)
+                except HintedRefusal as refusal:
+                    await send_refusal(stream, refusal)
             except (GRPCError, asyncio.CancelledError, StreamTerminatedError):
                 raise
             except h2.exceptions.StreamClosedError:

@@ -39,7 +39,14 @@ from actors.registration import RegistryUnavailable, SlotRefused, reserve_slot
 from actors.registry_messages import SUPERSEDED_DETAILS
 from gateway.agent_plane import AgentPlane, conn_key, receive, refuse_oversize
 from gateway.listeners.connection import current_call
-from gateway.status import AGENT_ID_DETAILS, internal, unavailable, upstream_failed
+from gateway.status import (
+    AGENT_ID_DETAILS,
+    internal,
+    session_refused,
+    unavailable,
+    upstream_failed,
+    upstream_refused,
+)
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.calls import UpstreamRefused
 from gateway.upstream.methods import PROXY_REGISTER
@@ -93,7 +100,7 @@ async def register(
                     raise unavailable(SUPERSEDED_DETAILS)
     except SlotRefused as refused:
         # cap, or a connection already going down: either way the agent comes back.
-        raise unavailable(f"Register refused: {refused.reason}") from None
+        raise session_refused("Register", refused.reason) from None
     except RegistryUnavailable:
         # S09: a registry that cannot be reached (or a row lost with its restart).
         raise internal("Register failed: registry_unavailable") from None
@@ -136,7 +143,7 @@ async def _proxy(
     except UpstreamRefused as refused:
         # circuit_open, queue_full, deadline, stopping, unavailable: come back later.
         plane.warn("register_upstream", f"Upstream Register failed: {refused.reason}")
-        raise unavailable(f"Upstream Register failed: {refused.reason}") from None
+        raise upstream_refused(refused, "Register") from None
     except UpstreamCallError as error:
         plane.warn("register_upstream", f"Upstream Register failed: {error}")
         raise upstream_failed(error, "Register") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from thespian.actors import ActorSystem
 
+from gateway import crash_redaction
 from gateway.config.keys.node import SHUTDOWN_FLUSH_BUDGET_MS
 from gateway.context import NodeContext
 from gateway.loop_monitor import LoopMonitor
@@ -42,6 +43,7 @@ class Node:
         self.prep_stop: list[PrepStop] = []
         self._ended: asyncio.Future[ExitReason] | None = None
         self.loop_monitor: LoopMonitor | None = None
+        self._redaction: crash_redaction.CrashRedaction | None = None
 
     @property
     def name(self) -> str:
@@ -58,9 +60,12 @@ class Node:
         self.system = ActorSystem(systemBase=runtime, transientUnique=True)
         self._ended = loop.create_future()
         runtime.primary_exit_hooks.append(self._primary_ended)
+        # Before the tree starts, so a crash during boot is redacted too (docs/crash-redaction.md).
+        self._redaction = redaction = crash_redaction.install(runtime)
         try:
             self.root = self.system.createActor(GatewaySup, self.ctx, "gateway_sup")
         except InitFailed as failed:
+            redaction.release(runtime)
             raise BootRefused("start_failed", str(failed.reason)) from None
         self.ctx.run_dir.mkdir(parents=True, exist_ok=True)
         self.pid_file.write_text(f"{os.getpid()}\n")
@@ -105,4 +110,6 @@ class Node:
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
         log.info("node %s stopped", self.name)
+        if self._redaction is not None:
+            self._redaction.release(runtime)
         return reason
