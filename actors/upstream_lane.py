@@ -134,5 +134,13 @@ def start_call(
     task = host.runtime.loop.create_task(
         _unary(host.runtime, method, build, response_type, timeout)
     )
+    # A relay cancelled before it first ran (its actor ended) never awaits the call: its
+    # failure is then nobody's, and must not surface as "exception was never retrieved".
+    task.add_done_callback(_settled)
     host.run_worker(_relay(task), tag)
     return task
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
