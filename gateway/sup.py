@@ -16,6 +16,7 @@ from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat_buffer import HeartbeatBufferActor
 from actors.mem_reclaim import child_spec as mem_reclaim_child_spec
 from actors.memory_shedder import child_spec as memory_shedder_child_spec
+from actors.node_gauges import child_spec as node_gauges_child_spec
 from actors.owner_table import create_owner_table
 from actors.registry import registry_child_spec
 from actors.registry_messages import ConnectionDown
@@ -114,6 +115,8 @@ class GatewaySup(Supervisor):
                 router_child_spec(ctx),
                 # Reads the lane states the upstream actors publish; not a readiness input.
                 ChildSpec(SLOW_SERVER, SlowSampler, ctx, name=SLOW_SERVER),
+                # Memory, mailboxes and collection pauses (gateway/node_metrics.py).
+                node_gauges_child_spec(ctx),
                 ChildSpec("console", ConsoleServer, ctx, name="console"),
                 mgmt_auth.watcher,
                 *listeners,
