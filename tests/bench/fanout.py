@@ -12,6 +12,11 @@ management listener:
 - (b) a broadcast to all N (empty `agent_ids`), `BROADCASTS` times: the time from the call until
   the last of the N answers reaches the operator (the median is reported).
 
+Both phases start on a settled node: after the cold wave the gateway still tells the fake
+server of every new stream (NotifyStreamStatus, several hundred a second on a loaded machine), so
+the run waits until none is held or in flight (`/metrics`, reported as `gateway_settle_s`); the
+bare relay makes no upstream call and is settled at once.
+
 The same run measures the ceiling: the bare grpclib relay (`tests.bench.fanout_bare`, no actors)
 takes the same operator calls, writes to the same N agent streams held by the same load
 generators, and writes each reply back to the operator.
@@ -72,6 +77,11 @@ AGENTS_PER_LOADGEN = 2500  # each agent: a channel and an answering task
 COMMAND_TIMEOUT_S = 60
 CALL_DEADLINE_S = 120.0
 SETTLE_S = 1.0
+# The gauges that say the gateway is still notifying the fake server of the cold wave's streams
+# (it sends them after the agents are held; a node still draining them is not idle).
+NOTIFY_BUSY = ("yuzu_gw_upstream_notify_pending", "yuzu_gw_upstream_notify_inflight")
+IDLE_NOTIFY_RATE = 100.0  # the slowest drain waited for, notifications a second
+IDLE_POLL_S = 0.5  # each scrape runs on the node's loop and lists its open fds (O(agents))
 SEND_COMMAND = "/yuzu.server.v1.ManagementService/SendCommand"
 _SUCCESS = agent_pb2.CommandResponse.Status.SUCCESS
 _RUNNING = agent_pb2.CommandResponse.Status.RUNNING
@@ -221,6 +231,7 @@ class Measured:
     server: str
     agents: int
     subscribed: int = 0
+    settle_s: float | None = None  # the wait for the gateway to be idle (`_idle`)
     single_ms: list[float] = field(default_factory=list)
     single_failed: int = 0
     broadcast_s: list[float] = field(default_factory=list)
@@ -331,6 +342,7 @@ async def measure(
         )
         if endpoint.metrics_port is not None:
             await _held(endpoint.metrics_port, result.subscribed)
+            result.settle_s = await _idle(endpoint.metrics_port, agents)
         await asyncio.sleep(SETTLE_S)
         await operate(
             result, endpoint.mgmt_port, agents=agents, rate=rate, duration_s=duration_s, quiet=quiet
@@ -347,6 +359,24 @@ async def _held(metrics_port: int, agents: int) -> None:
             return
         await asyncio.sleep(0.2)
     raise RuntimeError("the gateway did not hold every subscribed agent")
+
+
+async def _idle(metrics_port: int, agents: int) -> float:
+    """Wait until the gateway has told the fake server of every stream of the cold wave (no
+    NotifyStreamStatus held or in flight, twice in a row), so that the commands are measured on
+    a settled node as the bare relay's are; the seconds waited."""
+    started = time.monotonic()
+    deadline = started + START_TIMEOUT_S + agents / IDLE_NOTIFY_RATE
+    quiet = 0
+    while quiet < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not finish notifying the cold wave")
+        _, body = await http_get(metrics_port, "/metrics")
+        text = body.decode(errors="replace")
+        busy = sum(metric_sum(text, name) for name in NOTIFY_BUSY)
+        quiet = quiet + 1 if busy == 0 else 0
+        await asyncio.sleep(IDLE_POLL_S)
+    return time.monotonic() - started
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -382,6 +412,7 @@ async def run(
         "rate_per_s": rate,
         "duration_s": duration_s,
         "subscribed": gateway.subscribed,
+        "gateway_settle_s": gateway.settle_s,
         "single_commands": commands,
         "single_failed": gateway.single_failed,
         "single_p50_ms": gateway.single_percentile(0.5),
@@ -421,6 +452,7 @@ def rows(result: dict[str, Any]) -> list[Row]:
             f"0 / {n}",
             met["all_answered"],
         ),
+        Row("gateway settle after the cold wave", _fmt(result["gateway_settle_s"], 1, " s")),
         Row(
             "single-target p50, gateway / bare",
             f"{_fmt(result['single_p50_ms'], 2, ' ms')}"
