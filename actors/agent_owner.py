@@ -6,12 +6,16 @@ core actors/core/owner_lifecycle.py; this module turns messages into its events 
 its effects:
 
     init            mint the stream home id (32 hex), look for a predecessor's row, `begin`
+                    (a dead predecessor's: recovery, docs/owner-recovery.md)
     RegisterSession OwnerUp to the registry, which is watched until it answers
     WriteRow        this owner's row in the owner table (actors/owner_table.py)
     Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
     Stop            end `normal` (a message to itself while still in `init`)
+    SettleDisconnected / PresentSession   to `upstream` (actors/upstream_recovery.py) while
+                    recovering; DisconnectSettled / SessionPresented come back
     terminate       `finish`: exactly one DISCONNECTED, the row deleted, Unregister, waiting
-                    commands failed, the stream closed unless the agent went away
+                    commands failed, the stream closed unless the agent went away (a crash
+                    leaves the row, the DISCONNECTED and the stream to the restarted owner)
 
 Commands: `DeliverCommand` puts the request in the stream's bounded queue; a full queue means the
 agent is not reading, so the stream is ended as stuck. Answers go to the command's `reply_to` as
@@ -36,6 +40,7 @@ from typing import Any, cast
 
 import attrs
 from grpclib.const import Status
+from thespian.actors import WakeupMessage
 
 from actors.agent_messages import (
     AgentFrame,
@@ -47,19 +52,25 @@ from actors.agent_messages import (
 from actors.core.notify_store import Event, log_text, sanitise_peer_addr
 from actors.core.owner_commands import PendingCommands, is_guardian_event
 from actors.core.owner_lifecycle import (
+    STOPPING_DETAILS,
     Announce,
     CloseStream,
+    CountRestart,
     DeleteRow,
     Effect,
     FailCommands,
+    LogGaveUp,
     OwnerLifecycle,
     Phase,
     Predecessor,
+    PresentSession,
     RegisterSession,
+    SettleDisconnected,
     Stop,
     Unregister,
     WriteRow,
 )
+from actors.core.owner_recovery import GAVE_UP_LOG, RECOVERY_DEADLINE_S, record_restart
 from actors.core.warn_limit import WarnLimiter
 from actors.owner_messages import (
     CommandAnswer,
@@ -69,10 +80,16 @@ from actors.owner_messages import (
     ForgetCommand,
 )
 from actors.owner_table import OWNERS_TABLE, OwnerRow, OwnerState, owner_row
+from actors.recovery_messages import DisconnectSettled, SessionPresented
+from actors.recovery_messages import PresentSession as PresentRequest
+from actors.recovery_messages import SettleDisconnected as SettleRequest
 from actors.registry_messages import OwnerRefused, OwnerRegistered, OwnerUp
 from actors.registry_messages import Unregister as UnregisterSession
 from actors.sessions import REGISTRY_NAME
 from actors.upstream_messages import ForwardGuardian, Notify
+from actors.upstream_recovery import FAILED_DETAILS
+from gateway.owner_metrics import owner_metrics
+from gateway.retry_hint import RefusalKind, trailer
 from gateway.watch_events import publish
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
@@ -101,6 +118,11 @@ class _EndSession:
     """Sent to itself when `init` decides to end: an actor cannot exit before its init returns."""
 
 
+@attrs.frozen
+class _RecoveryDeadline:
+    """The payload of a restarted owner's one wakeup (RECOVERY_DEADLINE_S)."""
+
+
 class AgentOwner(Process):
     def init(self, args: OwnerArgs) -> None:
         self.args = args
@@ -110,25 +132,33 @@ class AgentOwner(Process):
         self._registry: Address | None = None
         self._registry_monitor: int | None = None
         self._predecessor: Address | None = None
+        # The times of this session's owner restarts within 60 s (kept in its row).
+        self._restarts: tuple[float, ...] = ()
         self._in_init = True
         self.delivered = 0
         self.answers = 0
         self.unmatched = 0
         self.guardian = 0
-        self._apply(
-            self.life.begin(stream_open=not args.stream.ended, predecessor=self._find_predecessor())
+        effects = self.life.begin(
+            stream_open=not args.stream.ended, predecessor=self._find_predecessor()
         )
+        # A restarted owner carries on its dead predecessor's stream home id.
+        self.stream_home_id = self.life.stream_home_id
+        if self.life.restarted:
+            self.wakeupAfter(RECOVERY_DEADLINE_S, _RecoveryDeadline())
+        self._apply(effects)
         self._in_init = False
 
     def _find_predecessor(self) -> Predecessor | None:
         row = owner_row(self.runtime, self.args.session_id)
         if row is None:
             return None
-        alive = self.runtime.is_alive(row.owner)
-        if not alive:
-            # Its row becomes this owner's to delete; a live owner's row is never touched.
-            self._predecessor = row.owner
-        return Predecessor(row.stream_home_id, alive=alive)
+        if self.runtime.is_alive(row.owner):
+            return Predecessor(row.stream_home_id, alive=True)
+        # Its row becomes this owner's to delete; a live owner's row is never touched.
+        self._predecessor = row.owner
+        self._restarts, give_up = record_restart(row.restarts, self.now())
+        return Predecessor(row.stream_home_id, alive=False, state=row.state, give_up=give_up)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -159,6 +189,18 @@ class AgentOwner(Process):
                 self._end_session(details)
             case _EndSession():
                 self.exit(NORMAL)
+            case DisconnectSettled(session_id=session_id) if session_id == self.args.session_id:
+                self._apply(self.life.settled())
+            case SessionPresented(session_id=session_id, accepted=True) if (
+                session_id == self.args.session_id
+            ):
+                self._apply(self.life.presented())
+            case SessionPresented(session_id=session_id, details=details) if (
+                session_id == self.args.session_id
+            ):
+                self._apply(self.life.not_presented(details))
+            case WakeupMessage(payload=_RecoveryDeadline()):
+                self._apply(self.life.timed_out())
             case _:
                 pass
 
@@ -249,7 +291,37 @@ class AgentOwner(Process):
                     for command_id, reply_to in self.commands.drain():
                         self._fail(reply_to, command_id, "agent_disconnected")
                 case CloseStream(status=status, details=details):
-                    self.args.stream.close(StreamEnd(status, details))
+                    # A planned stop's end tells the agent when to come back, jittered.
+                    hint = (trailer(RefusalKind.STOPPING),) if details == STOPPING_DETAILS else ()
+                    self.args.stream.close(StreamEnd(status, details, hint))
+                case SettleDisconnected(stream_home_id=home):
+                    self._settle(home)
+                case PresentSession():
+                    self._present()
+                case CountRestart(outcome=outcome):
+                    metrics = owner_metrics(self.runtime)
+                    if metrics is not None:
+                        metrics.restarted(outcome)
+                case LogGaveUp():
+                    log.warning(GAVE_UP_LOG, log_text(self.args.agent_id))
+
+    def _settle(self, stream_home_id: str) -> None:
+        """The dead predecessor's DISCONNECTED, answered `DisconnectSettled` once settled."""
+        notify = self._notification(Event.DISCONNECTED, stream_home_id)
+        upstream = self.runtime.whereis(UPSTREAM_NAME)
+        if upstream is None:
+            self._not_sent(Event.DISCONNECTED)
+            self._apply(self.life.settled())  # lost: nothing to wait for
+            return
+        self.send(upstream, SettleRequest(notify))
+
+    def _present(self) -> None:
+        request = self.args.register
+        upstream = self.runtime.whereis(UPSTREAM_NAME)
+        if upstream is None or not isinstance(request, agent_pb2.RegisterRequest):
+            self._apply(self.life.not_presented(FAILED_DETAILS))
+            return
+        self.send(upstream, PresentRequest(self.args.session_id, self.args.agent_id, request))
 
     def _register(self) -> None:
         registry = self.runtime.whereis(REGISTRY_NAME)
@@ -298,6 +370,8 @@ class AgentOwner(Process):
                 stream_home_id=self.stream_home_id,
                 state=cast(OwnerState, state),
                 register=args.register,
+                args=args,
+                restarts=self._restarts,
             ),
         )
 
@@ -321,18 +395,29 @@ class AgentOwner(Process):
 
     def _announce(self, event: Event, stream_home_id: str) -> None:
         args = self.args
-        peer = sanitise_peer_addr(args.peer)
+        notify = self._notification(event, stream_home_id)
         if event is Event.CONNECTED:
-            log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(peer))
-        # WatchEvents sees what the server is told (gateway/watch_events.py); never waits.
-        reason = "stream_closed" if stream_home_id == self.stream_home_id else "owner_restarted"
-        publish(self.runtime, args.agent_id, args.session_id, event, reason)
+            log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(notify.peer_addr))
         upstream = self.runtime.whereis(UPSTREAM_NAME)
         if upstream is None:
-            # The held store lives in the upstream process: with it down the notification is
-            # lost, as the seed says of an upstream restart ("Volatile").
-            suffix = _not_sent.admit(event, self.now())
-            if suffix is not None:
-                log.warning(_NOT_SENT_LOG, event.value, suffix)
+            self._not_sent(event)
             return
-        self.send(upstream, Notify(args.agent_id, args.session_id, stream_home_id, event, peer))
+        self.send(upstream, notify)
+
+    def _notification(self, event: Event, stream_home_id: str) -> Notify:
+        """The notification, published to WatchEvents first (gateway/watch_events.py: it sees
+        what the server is told; never waits)."""
+        args = self.args
+        life = self.life
+        restart = life.restarted and life.outcome != "recovered"
+        reason = "owner_restarted" if restart else "stream_closed"
+        publish(self.runtime, args.agent_id, args.session_id, event, reason)
+        peer = sanitise_peer_addr(args.peer)
+        return Notify(args.agent_id, args.session_id, stream_home_id, event, peer)
+
+    def _not_sent(self, event: Event) -> None:
+        # The held store lives in the upstream process: with it down the notification is
+        # lost, as the seed says of an upstream restart ("Volatile").
+        suffix = _not_sent.admit(event, self.now())
+        if suffix is not None:
+            log.warning(_NOT_SENT_LOG, event.value, suffix)

@@ -8,8 +8,12 @@ restarted, and one that crashes is (seed: "When an agent's owner process crashes
 The restart intensity is shared by every owner: `agent_restart_intensity` (2000) restarts in
 `agent_restart_period_s` (10 s). Past it the fault is the gateway's, not one agent's: agent_sup
 stops every owner (each sends its DISCONNECTED and closes its stream) and ends with
-`reached_max_restart_intensity`; `gateway_sup` then starts a new, empty one (step 5; re-adopting
-the orphaned sessions is owner-crash recovery, issue 7).
+`reached_max_restart_intensity`; `gateway_sup` then starts a new one (step 5), which starts an
+owner for every orphaned session: a row of the owner table (owned by the root, so it outlives
+agent_sup) whose owner is dead. That owner is a restart like any other: it sends the
+DISCONNECTED and recovers the session if its stream is still open (docs/owner-recovery.md).
+
+It also installs `yuzu_gw_agent_owner_restarts_total` for its runtime (gateway/owner_metrics.py).
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ from typing import Any
 
 import attrs
 
+from actors.agent_messages import OwnerArgs
 from actors.agent_owner import AgentOwner
+from actors.owner_table import OWNERS_TABLE, OwnerRow
 from gateway.config import Config
 from gateway.config.keys.sessions import AGENT_RESTART_INTENSITY, AGENT_RESTART_PERIOD_S
 from gateway.context import NodeContext
+from gateway.owner_metrics import install_owner_metrics
+from supervisors.errors import TableGone
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 
 __all__ = [
@@ -55,6 +63,30 @@ class AgentSupArgs:
 class AgentSup(Supervisor):
     """`args`: the node's `NodeContext` (the intensity is read from its configuration here, at
     every start of agent_sup), or `AgentSupArgs` (tests), or None for the defaults."""
+
+    def init(self, args: Any) -> None:
+        super().init(args)
+        if isinstance(args, NodeContext):
+            install_owner_metrics(self.runtime, args.registry)
+        for owner_args in self._orphans():
+            self._start_child(owner_args)
+
+    def _orphans(self) -> list[OwnerArgs]:
+        """The start arguments of every session whose owner is dead (none at a first start)."""
+        table = self.runtime.table(OWNERS_TABLE)
+        if table is None:
+            return []
+        try:
+            rows = list(table.values())
+        except TableGone:
+            return []
+        return [
+            row.args
+            for row in rows
+            if isinstance(row, OwnerRow)
+            and row.args is not None
+            and not self.runtime.is_alive(row.owner)
+        ]
 
     def supervisor_spec(self, args: Any) -> SupSpec:
         if isinstance(args, NodeContext):

@@ -26,6 +26,7 @@ from supervisors.address import Address
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
+    from actors.agent_messages import OwnerArgs
     from protos.yuzu.agent.v1 import agent_pb2
     from supervisors.process import Process
     from supervisors.runtime import LoopSystemBase
@@ -49,6 +50,11 @@ class OwnerRow:
     # The agent's stored RegisterRequest, which the registration replay presents to the server
     # again (actors/upstream_replay.py). Never compared or printed: it holds the enrolment token.
     register: agent_pb2.RegisterRequest | None = attrs.field(default=None, eq=False, repr=False)
+    # Owner-crash recovery (actors/core/owner_recovery.py): the owner's start arguments, so a
+    # new agent_sup can restart an owner for an orphaned session, and the loop-clock times of
+    # the session's owner restarts within the last 60 s.
+    args: OwnerArgs | None = attrs.field(default=None, eq=False, repr=False)
+    restarts: tuple[float, ...] = attrs.field(default=(), eq=False)
 
 
 def create_owner_table(process: Process) -> Table[str, OwnerRow]:

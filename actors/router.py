@@ -66,6 +66,7 @@ from actors.router_messages import (
     RouteCommand,
 )
 from actors.sessions import agent_session, held_agent_ids
+from actors.stop_messages import RoutingStopped, StopRouting
 from gateway.config.keys.router import DEFAULT_COMMAND_TIMEOUT_S
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
@@ -83,6 +84,7 @@ log = logging.getLogger("yuzu_gw.router")
 
 ROUTER_NAME = "router"
 _TIMEOUT = "command_timeout"
+_STOP_GRACE = "stop_grace"
 _Status = agent_pb2.CommandResponse.Status
 _RUNNING = _Status.RUNNING
 
@@ -131,6 +133,10 @@ class Router(Process):
         self.abandoned = 0
         self.answers = 0
         self.late_answers = 0
+        # A planned stop (StopRouting): who waits for the commands in flight to end, and when
+        # the grace ends.
+        self._stopping: list[Address] | None = None
+        self._stop_timer: asyncio.TimerHandle | None = None
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -142,8 +148,15 @@ class Router(Process):
                 flight = self._routes.get((agent_id, command_id))
                 if flight is not None:
                     self._apply(flight, flight.fanout.failed(agent_id, reason))
+            case RouteCommand() if self._stopping is not None:
+                self._refuse(msg)
             case RouteCommand():
                 self._route(msg)
+            case StopRouting(grace_s=grace_s):
+                self._stop_routing(grace_s, sender)
+            case WakeupMessage(payload=payload) if payload == _STOP_GRACE:
+                self._stop_timer = None
+                self._stopped()
             case AbandonCommand(sink=sink):
                 flight = self._by_sink.get(id(sink))
                 if flight is not None:
@@ -175,6 +188,37 @@ class Router(Process):
             "answers_forwarded": self.answers,
             "late_answers": self.late_answers,
         }
+
+    # -- a planned stop --------------------------------------------------------------------------
+
+    def _stop_routing(self, grace_s: float, sender: Address) -> None:
+        """Take no more commands; answer when none is in flight or the grace ends (seed:
+        "Planned stop" step 2: up to 3 s or 30% of the budget, whichever is less)."""
+        if self._stopping is None:
+            self._stopping = []
+            self._stop_timer = self.wakeupAfter(max(0.0, grace_s), _STOP_GRACE)
+        self._stopping.append(sender)
+        if not self._flights:
+            self._stopped()
+
+    def _stopped(self) -> None:
+        waiters, self._stopping = self._stopping or [], []
+        if self._stop_timer is not None:
+            self.cancel_wakeup(self._stop_timer)
+            self._stop_timer = None
+        for waiter in waiters:
+            self.send(waiter, RoutingStopped(len(self._flights)))
+
+    def _refuse(self, msg: RouteCommand) -> None:
+        """A command during a planned stop: every target answers agent_disconnected (its session
+        is about to end) and the command completes at once."""
+        targets = msg.agent_ids or tuple(held_agent_ids(self.runtime) or ())
+        fanout = CommandFanout(targets)
+        flight = _Flight(0, msg.command.command_id, msg.sink, fanout)
+        effects: list[Effect] = []
+        for agent_id in fanout.targets:
+            effects += fanout.refused(agent_id, "agent_disconnected")
+        self._apply(flight, [*effects, *fanout.routed()])
 
     # -- a new command -------------------------------------------------------------------------
 
@@ -274,6 +318,8 @@ class Router(Process):
 
     def _forget_flight(self, flight: _Flight) -> None:
         self._flights.pop(flight.seq, None)
+        if self._stopping and not self._flights:
+            self._stopped()
         self._by_sink.pop(id(flight.sink), None)
         if flight.timer is not None:
             self.cancel_wakeup(flight.timer)

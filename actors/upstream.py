@@ -14,6 +14,8 @@ hands every other message to the lane that owns it.
   held store's workers and timers, the half-open probe (a transition to closed and the breaker's
   ProbeReady start a drain), and the planned-stop flush (`FlushNotifications`, `RaiseNotifyCap`).
 - Guardian forwards (actors/upstream_guardian.py): `ForwardGuardian` from the agent owners.
+- Owner recovery (actors/upstream_recovery.py): a restarted owner's `SettleDisconnected` and
+  `PresentSession`, its workers, and the store's `Settled` effects.
 - The registration replay (actors/upstream_replay.py): `HeartbeatVerdict` from the heartbeat
   buffer, a lost CONNECTED from the notification lane, its workers and timer; a breaker
   transition lets a paused replay go on (a recovery starts none).
@@ -55,6 +57,8 @@ from actors.core.breaker import (
 )
 from actors.core.verdicts import HeartbeatVerdict
 from actors.core.warn_limit import WarnLimiter
+from actors.recovery_messages import PresentSession, SettleDisconnected
+from actors.stop_messages import StopAdmitting
 from actors.upstream_guardian import GuardianLane, GuardianWork
 from actors.upstream_lane import CallResult
 from actors.upstream_messages import ForwardGuardian, Notify
@@ -66,6 +70,7 @@ from actors.upstream_notify import (
     NotifyWork,
     RaiseNotifyCap,
 )
+from actors.upstream_recovery import PresentWork, RecoveryLane
 from actors.upstream_replay import ReplayLane, ReplayTimer, ReplayWork
 from gateway.config.keys.breaker import (
     CIRCUIT_BREAKER_FAILURE_THRESHOLD,
@@ -227,6 +232,10 @@ class Upstream(Process):
         self.replay = ReplayLane(self, args, replay_metrics(args.registry), self.notify)
         self.notify.replay_active = lambda: self.replay.active
         self.notify.arm_replay = self.replay.arm_notify_loss
+        self.recovery = RecoveryLane(self, self.notify, self.replay.calls)
+        # A planned stop (StopAdmitting): no replay starts and no recovered session is presented.
+        self.stopping = False
+        self.notify.on_settled = self.recovery.on_settled
         self.perform([self.breaker.published()])
 
     def terminate(self, reason: ExitReason) -> None:
@@ -249,11 +258,11 @@ class Upstream(Process):
                 self.notify.on_done(msg)
             case WorkerDone(tag=GuardianWork()):
                 self.guardian.on_done(msg)
-            case HeartbeatVerdict():
+            case HeartbeatVerdict() if not self.stopping:
                 self.replay.on_verdict(msg)
             case WorkerDone(tag=ReplayWork()):
                 self.replay.on_done(msg)
-            case WakeupMessage(payload=ReplayTimer()):
+            case WakeupMessage(payload=ReplayTimer()) if not self.stopping:
                 self.replay.on_timer()
             case WakeupMessage(payload=NotifyTimer() as timer):
                 self.notify.on_timer(timer)
@@ -266,6 +275,14 @@ class Upstream(Process):
                 self.notify.on_raise_cap(msg)
             case GetBreaker():
                 self.send(sender, self._view())
+            case StopAdmitting():
+                self.stopping = self.recovery.stopping = True
+            case SettleDisconnected():
+                self.recovery.on_settle(msg, sender)
+            case PresentSession():
+                self.recovery.on_present(msg, sender)
+            case WorkerDone(tag=PresentWork()):
+                self.recovery.on_done(msg)
             case _:
                 pass
 
@@ -281,6 +298,7 @@ class Upstream(Process):
             **self.notify.status(),
             **self.guardian.status(),
             **self.replay.status(),
+            **self.recovery.status(),
         }
 
     # -- the breaker shell --

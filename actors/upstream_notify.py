@@ -18,8 +18,8 @@ core and carries out the effects it returns:
   Breaker transitions to closed and ProbeReady drain too (the host calls `drain`).
 * `Count` -> the prometheus counters; gauges are read at scrape time; `LogLine` -> logging;
   `ArmFullReplay` -> an INFO line, a count and `arm_replay` (the replay lane, set by the
-  actor: actors/upstream_replay.py); `Settled` is for
-  an owner recovering its session (a later issue).
+  actor: actors/upstream_replay.py); `Settled` -> `on_settled` (the owner-recovery lane,
+  actors/upstream_recovery.py, set by the actor).
 * The planned stop's step 5 (`FlushNotifications`, asked by prep_stop) runs the core's
   `begin_flush` / `flush` / `finish_flush` and answers `FlushDone` when nothing is left or the
   budget is spent.
@@ -222,6 +222,8 @@ class NotifyLane:
         # The replay lane's hooks (actors/upstream_replay.py), set by the `upstream` actor.
         self.replay_active: Callable[[], bool] = lambda: False
         self.arm_replay: Callable[[float], None] = lambda _now: None
+        # The owner-recovery lane's hook (actors/upstream_recovery.py), set by the actor.
+        self.on_settled: Callable[[Settled], None] = lambda _settled: None
         self._limiter = WarnLimiter()
         # token -> what a send in flight needs when it ends: its breaker ticket, its call (so a
         # probe past its deadline can be killed), its probe timer, its notification (for lines)
@@ -240,7 +242,13 @@ class NotifyLane:
         metrics.watch(lambda: self.store.gauges(host.now()))
 
     def detach(self) -> None:
-        """The actor is ending: the gauges describe the current actor only (seed: "Volatile")."""
+        """The actor is ending: the gauges describe the current actor only (seed: "Volatile").
+        After a planned-stop flush, a send still out never gets its result: it is counted as a
+        failed send of the stop (lost{shutdown}), so a frozen server's notices are all counted."""
+        if self.store.mode is Mode.STOPPED:
+            now = self.host.now()
+            for token in list(self.store.in_flight()):
+                self._carry_out(self.store.sent_failed(token, now), now)
         self.metrics.watch(None)
 
     # -- messages ------------------------------------------------------------------------------
@@ -256,6 +264,11 @@ class NotifyLane:
     def on_raise_cap(self, msg: RaiseNotifyCap) -> None:
         self.store.set_cap(self.store.cap + msg.extra)
         self._pump()
+
+    def cancel_resends(self, agent_id: str, session_id: str) -> None:
+        """End every resend of one session (an owner recovering it)."""
+        now = self.host.now()
+        self._carry_out(self.store.cancel_resends(agent_id, session_id), now)
 
     def on_timer(self, timer: NotifyTimer) -> None:
         if timer.kind == "due":
@@ -406,7 +419,7 @@ class NotifyLane:
                 case ArmFullReplay():
                     self._replay_armed(now)
                 case Settled():
-                    pass  # an owner recovering its session waits for these (a later issue)
+                    self.on_settled(effect)  # an owner recovering its session waits for it
         # Every store call that starts or ends a send returns its effects through here.
         store = self.store
         self._saturation.update(store.inflight >= store.policy.max_inflight)

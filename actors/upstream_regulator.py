@@ -49,6 +49,7 @@ from actors.core.permits import (
     policy_from_settings,
 )
 from actors.core.slow_server import LaneFlag, SlowLane
+from actors.stop_messages import StopAdmitting
 from gateway.config.keys.upstream import (
     UPSTREAM_CALL_TIMEOUT_MS,
     UPSTREAM_INVENTORY_CONCURRENCY,
@@ -175,6 +176,8 @@ class Regulator(Process):
         for line in lines:
             self._log(line)
         self.pool = PermitPool(policy)
+        # A planned stop's StopAdmitting: every Acquire is refused `stopping`.
+        self.stopping = False
         self._saturation = LaneFlag(SlowLane.PERMITS, self.new_table(STATE_TABLE).insert)
         self.metrics: UpstreamMetrics = upstream_metrics(args.registry)
         # Who asked, for requests not yet answered (queued); answered ones are dropped.
@@ -194,6 +197,8 @@ class Regulator(Process):
     def receiveMessage(self, msg: Any, sender: Address) -> None:
         now = self.now()
         match msg:
+            case Acquire(request_id=request_id) if self.stopping:
+                self.send(sender, PermitRefused(request_id, "stopping"))
             case Acquire(request_id=request_id, caller=caller, deadline=deadline):
                 self.askers[request_id] = sender
                 self._perform(self.pool.acquire(request_id, caller, deadline, now))
@@ -212,6 +217,10 @@ class Regulator(Process):
                 self._check_channel()
             case GetPermits():
                 self.send(sender, self._snapshot())
+            case StopAdmitting():
+                # The planned stop's step 1: no permit from now on (docs/planned-stop.md).
+                self.stopping = True
+                self._refuse_waiters()
             case ActorExitRequest():
                 self._stop()
             case _:
@@ -349,8 +358,13 @@ class Regulator(Process):
     # -- planned stop --
 
     def _stop(self) -> None:
-        for request_id, asker in list(self.askers.items()):
-            if self.pool.is_waiting(request_id):
-                self.send(asker, PermitRefused(request_id, "stopping"))
+        self._refuse_waiters()
         self.askers.clear()
         self.exit(SHUTDOWN)
+
+    def _refuse_waiters(self) -> None:
+        for request_id, asker in list(self.askers.items()):
+            if self.pool.is_waiting(request_id):
+                self.askers.pop(request_id)
+                self._perform(self.pool.cancel(request_id, self.now()))
+                self.send(asker, PermitRefused(request_id, "stopping"))

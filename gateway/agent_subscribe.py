@@ -37,6 +37,7 @@ from actors.registration import RESERVE_TIMEOUT_S
 from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
 from actors.sessions import OWNERS_TABLE, registry_address
 from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
+from gateway.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
 from gateway.status import not_found, session_refused
 from gateway.upstream.methods import SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
@@ -193,6 +194,14 @@ class _StreamProcess:
         if end is _AGENT_GONE:
             # Nobody reads an answer any more; the stream is reset or the connection gone.
             raise GRPCError(Status.CANCELLED, end.details)
+        hint = dict(end.trailers).get(PUSHBACK_HEADER)
+        if hint is not None:
+            # A planned stop's end (docs/planned-stop.md): grpclib refuses `grpc-` metadata, so
+            # the retry hint goes out in trailers written by send_refusal.
+            refusal = HintedRefusal(RefusalKind.STOPPING, end.details)
+            refusal.trailer = (PUSHBACK_HEADER, hint)
+            await send_refusal(self.stream, refusal)
+            return
         metadata = end.trailers or None
         if end.status == Status.OK.value:
             await self.stream.send_trailing_metadata(metadata=metadata)
@@ -207,6 +216,10 @@ class _StreamProcess:
         runtime = self.plane.runtime
         try:
             async for response in self.stream:
+                if self.reattach is not None:
+                    # In a crash gap: a restarted owner may be up before the next poll.
+                    self.reattach.cancel()
+                    self._look_for_owner()
                 runtime.tell(self.owner, AgentFrame(response))
         except DecodeError:
             self.handle.close(_BAD_FRAME)

@@ -21,6 +21,7 @@ from gateway import crash_redaction
 from gateway.config.keys.node import SHUTDOWN_FLUSH_BUDGET_MS
 from gateway.context import NodeContext
 from gateway.loop_monitor import LoopMonitor
+from gateway.planned_stop import PlannedStop
 from gateway.refusal import BootRefused
 from gateway.sup import GatewaySup
 from supervisors import gc_policy
@@ -67,6 +68,8 @@ class Node:
         except InitFailed as failed:
             redaction.release(runtime)
             raise BootRefused("start_failed", str(failed.reason)) from None
+        # The planned stop's drain (gateway/planned_stop.py), first of the prep-stop steps.
+        self.prep_stop.insert(0, PlannedStop(self.ctx, runtime, self.root).run)
         self.ctx.run_dir.mkdir(parents=True, exist_ok=True)
         self.pid_file.write_text(f"{os.getpid()}\n")
         # What boot allocated lives as long as the node: keep it out of every future

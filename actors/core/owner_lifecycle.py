@@ -31,13 +31,22 @@ DISCONNECTED with the same stream home id; the stream is closed at most once and
 the agent went away; nothing happens after `finish`.
 
 The owner table is the crash record (seed: "the session's details survive the crash in the owner
-table"): a `live` row whose owner is dead means that owner was killed before it could send its
-DISCONNECTED. A restarted owner that finds one (`Predecessor`) sends that DISCONNECTED with the
-predecessor's stream home id, deletes the row, ends the stream and stops: the agent reconnects
-by itself (the seed's `disconnected_only` outcome). Owner-crash recovery (issue 7) replaces that
-branch of `begin` and the crash branch of `finish` (a crashed owner will then leave its row and
-its stream to its successor, which re-attaches to the stream instead of ending it); the table
-below gains a RECOVERING phase for it.
+table"). A crashed owner (`finish` with a reason other than normal or shutdown) that holds a row
+leaves the row, the DISCONNECTED it owes and the stream to its successor; one that holds none
+(it crashed while registering) closes the stream as before. A restarted owner that finds a dead
+owner's row (`Predecessor`) recovers the session (seed steps 2 to 4; docs/owner-recovery.md):
+
+* it takes the predecessor's stream home id and row (rewritten `recovering`);
+* gave up (the 4th restart within 60 s, actors/core/owner_recovery.py): the DISCONNECTED if
+  owed, the stream closed, one WARN, outcome `gave_up`;
+* the stream is gone: the DISCONNECTED if owed, outcome `disconnected_only`;
+* else SETTLING: the DISCONNECTED, if owed (a `live` row: the predecessor had announced
+  CONNECTED; a `recovering` one had already sent it), and wait for it to settle; READOPTING:
+  OwnerUp to the registry; PRESENTING: ProxyRegister with the session id; accepted: CONNECTED
+  with the same stream home id, row `live`, phase STREAMING, outcome `recovered`. Any failure,
+  the agent going, or the recovery deadline ends the owner (outcome `disconnected_only`).
+
+So a row exists while a DISCONNECTED is owed or while a restarted owner recovers the session.
 """
 
 from __future__ import annotations
@@ -48,11 +57,14 @@ import attrs
 from grpclib.const import Status
 
 from actors.core.notify_store import Event
+from actors.core.owner_recovery import RestartOutcome
 
 __all__ = [
     "OWNER_CONFLICT_DETAILS",
     "OWNER_FAILED_DETAILS",
+    "OWNER_GAVE_UP_DETAILS",
     "OWNER_RESTARTED_DETAILS",
+    "RECOVERY_FAILED_DETAILS",
     "REFUSED_DETAILS",
     "REGISTRY_UNAVAILABLE_DETAILS",
     "STOPPING_DETAILS",
@@ -60,14 +72,18 @@ __all__ = [
     "TRANSITIONS",
     "Announce",
     "CloseStream",
+    "CountRestart",
     "DeleteRow",
     "Effect",
     "FailCommands",
     "LifecycleError",
+    "LogGaveUp",
     "OwnerLifecycle",
     "Phase",
     "Predecessor",
+    "PresentSession",
     "RegisterSession",
+    "SettleDisconnected",
     "Stop",
     "Unregister",
     "WriteRow",
@@ -78,6 +94,10 @@ class Phase(enum.Enum):
     STARTING = "starting"
     REGISTERING = "registering"
     STREAMING = "streaming"
+    # Recovery after a crash (see the module doc), in order.
+    SETTLING = "settling"
+    READOPTING = "readopting"
+    PRESENTING = "presenting"
     STOPPING = "stopping"
     STOPPED = "stopped"
 
@@ -97,6 +117,8 @@ STOPPING_DETAILS = "session owner stopped"
 OWNER_FAILED_DETAILS = "session owner failed"
 OWNER_RESTARTED_DETAILS = "session owner restarted"
 OWNER_CONFLICT_DETAILS = "session already has an owner"
+OWNER_GAVE_UP_DETAILS = "session owner restarted too often"
+RECOVERY_FAILED_DETAILS = "session owner could not recover the session"
 _UNAVAILABLE = int(Status.UNAVAILABLE.value)
 _INTERNAL = int(Status.INTERNAL.value)
 
@@ -152,6 +174,32 @@ class CloseStream:
     details: str
 
 
+@attrs.frozen
+class SettleDisconnected:
+    """Tell upstream the DISCONNECTED for `stream_home_id` (a dead predecessor's) and be told
+    when it has settled (delivered, refused or lost); its earlier resends end."""
+
+    stream_home_id: str
+
+
+@attrs.frozen
+class PresentSession:
+    """Present the session to the server again: ProxyRegister of the stored request with the
+    session id (the upstream actor's call, as a registration replay does)."""
+
+
+@attrs.frozen
+class CountRestart:
+    """Count this restart's outcome (yuzu_gw_agent_owner_restarts_total)."""
+
+    outcome: RestartOutcome
+
+
+@attrs.frozen
+class LogGaveUp:
+    """Log the one WARN of a crash loop that gives up (with the agent id)."""
+
+
 Effect = (
     RegisterSession
     | WriteRow
@@ -161,6 +209,10 @@ Effect = (
     | Unregister
     | FailCommands
     | CloseStream
+    | SettleDisconnected
+    | PresentSession
+    | CountRestart
+    | LogGaveUp
 )
 
 
@@ -170,10 +222,14 @@ Effect = (
 @attrs.frozen
 class Predecessor:
     """The session's row in the owner table, written by another owner. `alive`: that owner still
-    runs (two owners for one session: this one must not touch it)."""
+    runs (two owners for one session: this one must not touch it). `state`: the row's (`live`:
+    its DISCONNECTED is owed; `recovering`: a restarted owner already sent it). `give_up`: this
+    restart is one too many (actors/core/owner_recovery.py)."""
 
     stream_home_id: str
     alive: bool
+    state: str = "live"
+    give_up: bool = False
 
 
 class LifecycleError(Exception):
@@ -192,8 +248,25 @@ _P = Phase
 # (phase, event) -> next phase, for every event but `begin` (whose target depends on what init
 # found, see `OwnerLifecycle.begin`). A pair that is not here raises LifecycleError. STOPPING
 # absorbs the answers and endings that were already under way when the owner decided to stop.
+_RECOVERING = (_P.SETTLING, _P.READOPTING, _P.PRESENTING)
 TRANSITIONS: dict[tuple[Phase, str], Phase] = {
     (_P.REGISTERING, "registered"): _P.STREAMING,
+    (_P.SETTLING, "settled"): _P.READOPTING,
+    (_P.READOPTING, "registered"): _P.PRESENTING,
+    (_P.READOPTING, "refused"): _P.STOPPING,
+    (_P.READOPTING, "registry_down"): _P.STOPPING,
+    (_P.SETTLING, "registry_down"): _P.SETTLING,
+    (_P.PRESENTING, "registry_down"): _P.PRESENTING,
+    (_P.PRESENTING, "presented"): _P.STREAMING,
+    (_P.PRESENTING, "not_presented"): _P.STOPPING,
+    **{(phase, "agent_gone"): _P.STOPPING for phase in _RECOVERING},
+    **{(phase, "stuck"): _P.STOPPING for phase in _RECOVERING},
+    **{(phase, "timed_out"): _P.STOPPING for phase in _RECOVERING},
+    (_P.STREAMING, "timed_out"): _P.STREAMING,
+    (_P.STOPPING, "timed_out"): _P.STOPPING,
+    (_P.STOPPING, "settled"): _P.STOPPING,
+    (_P.STOPPING, "presented"): _P.STOPPING,
+    (_P.STOPPING, "not_presented"): _P.STOPPING,
     (_P.REGISTERING, "refused"): _P.STOPPING,
     (_P.REGISTERING, "registry_down"): _P.STOPPING,
     (_P.REGISTERING, "agent_gone"): _P.STOPPING,
@@ -218,9 +291,13 @@ class OwnerLifecycle:
     stream_home_id: str
     phase: Phase = Phase.STARTING
     stream_open: bool = False
+    # A restart of a crashed owner (it found a dead predecessor's row), and what it came to.
+    restarted: bool = False
+    outcome: RestartOutcome | None = None
     # The stream home id whose DISCONNECTED is owed (this owner's, or a dead predecessor's).
     owed: str | None = None
-    # A row in the owner table is this owner's to delete (its own, or a dead predecessor's).
+    # A row in the owner table is this owner's to delete (its own, or a dead predecessor's); a
+    # crashed owner leaves it to its successor.
     row: bool = False
     registry_told: bool = False
     # What to end the stream with, decided by the event that stopped the owner.
@@ -230,7 +307,12 @@ class OwnerLifecycle:
     def accepts_commands(self) -> bool:
         """Commands may be queued once the stream is ours and until the owner decides to stop
         (the router can find the session before the registry's answer reaches the owner)."""
-        return self.phase in (Phase.REGISTERING, Phase.STREAMING)
+        return self.phase in (
+            Phase.REGISTERING,
+            Phase.STREAMING,
+            Phase.READOPTING,
+            Phase.PRESENTING,
+        )
 
     def _step(self, event: str) -> Phase:
         target = TRANSITIONS.get((self.phase, event))
@@ -256,11 +338,7 @@ class OwnerLifecycle:
             self.phase = Phase.STOPPING
             return self._stop(CloseStream(_UNAVAILABLE, OWNER_CONFLICT_DETAILS))
         if predecessor is not None:
-            # The predecessor was killed before it could settle: its DISCONNECTED is owed by this
-            # owner (exactly one process sends it), and so is its row.
-            self.owed, self.row = predecessor.stream_home_id, True
-            self.phase = Phase.STOPPING
-            return self._stop(CloseStream(_UNAVAILABLE, OWNER_RESTARTED_DETAILS))
+            return self._recover(predecessor)
         if not stream_open:
             # A restart after the session ended (the crashed owner's terminate closed the stream):
             # nothing is owed, and ending `normal` is what stops the transient restarts.
@@ -270,15 +348,72 @@ class OwnerLifecycle:
         self.registry_told = True
         return [RegisterSession()]
 
-    def registered(self) -> list[Effect]:
-        if self._step("registered") is not Phase.REGISTERING:
+    def _recover(self, predecessor: Predecessor) -> list[Effect]:
+        """A dead predecessor's session: it is this owner's now (its row, its stream home id,
+        and its DISCONNECTED if it had announced CONNECTED: exactly one process sends it)."""
+        self.restarted, self.row = True, True
+        self.stream_home_id = predecessor.stream_home_id
+        owed = predecessor.stream_home_id if predecessor.state == "live" else None
+        if predecessor.give_up or not self.stream_open:
+            self.owed = owed
+            self.phase = Phase.STOPPING
+            if not predecessor.give_up:
+                return self._stop(None)  # the agent already went: finish settles
+            self.outcome = "gave_up"
+            end = CloseStream(_UNAVAILABLE, OWNER_GAVE_UP_DETAILS)
+            return [CountRestart("gave_up"), LogGaveUp(), *self._stop(end)]
+        effects: list[Effect] = [WriteRow("recovering")]
+        if owed is None:
+            # The DISCONNECTED went with an earlier restart: nothing to wait for.
+            self.phase = Phase.SETTLING
+            return effects + self.settled()
+        self.phase = Phase.SETTLING
+        return [*effects, SettleDisconnected(owed)]
+
+    def settled(self) -> list[Effect]:
+        """The predecessor's DISCONNECTED settled (delivered, refused or lost): register the
+        session again."""
+        if self._step("settled") is not Phase.SETTLING:
             return []
-        # The row and the CONNECTED go together: a row exists exactly while a DISCONNECTED is owed.
+        self.registry_told = True
+        return [RegisterSession()]
+
+    def registered(self) -> list[Effect]:
+        previous = self._step("registered")
+        if previous is Phase.READOPTING:
+            return [PresentSession()]
+        if previous is not Phase.REGISTERING:
+            return []
+        # The row and the CONNECTED go together: a row exists while a DISCONNECTED is owed.
         self.owed, self.row = self.stream_home_id, True
         return [WriteRow("live"), Announce(Event.CONNECTED, self.stream_home_id)]
 
+    def presented(self) -> list[Effect]:
+        """The server adopted the presented session: CONNECTED with the same stream home id."""
+        if self._step("presented") is not Phase.PRESENTING:
+            return []
+        self.owed, self.outcome = self.stream_home_id, "recovered"
+        return [
+            WriteRow("live"),
+            Announce(Event.CONNECTED, self.stream_home_id),
+            CountRestart("recovered"),
+        ]
+
+    def not_presented(self, details: str) -> list[Effect]:
+        """The server refused the presented session, or could not be asked: the agent
+        registers again (`details` ends its stream)."""
+        if self._step("not_presented") is not Phase.PRESENTING:
+            return []
+        return self._stop(CloseStream(_UNAVAILABLE, details))
+
+    def timed_out(self) -> list[Effect]:
+        """The recovery deadline passed before the session was recovered."""
+        if self._step("timed_out") not in _RECOVERING:
+            return []
+        return self._stop(CloseStream(_UNAVAILABLE, RECOVERY_FAILED_DETAILS))
+
     def refused(self, reason: str) -> list[Effect]:
-        if self._step("refused") is not Phase.REGISTERING:
+        if self._step("refused") not in (Phase.REGISTERING, Phase.READOPTING):
             return []
         # The registry has already freed the slot: nothing to unregister.
         self.registry_told = False
@@ -286,7 +421,7 @@ class OwnerLifecycle:
         return self._stop(CloseStream(_UNAVAILABLE, details))
 
     def registry_down(self) -> list[Effect]:
-        if self._step("registry_down") is not Phase.REGISTERING:
+        if self._step("registry_down") not in (Phase.REGISTERING, Phase.READOPTING):
             return []
         self.registry_told = False
         return self._stop(CloseStream(_INTERNAL, REGISTRY_UNAVAILABLE_DETAILS))
@@ -308,6 +443,17 @@ class OwnerLifecycle:
         ...). Called once, from `terminate`."""
         self._step("finish")
         effects: list[Effect] = []
+        if reason not in ("normal", "shutdown") and self.row:
+            # A crash: the successor agent_sup starts finds the row, sends what is owed and
+            # recovers the stream, so none of it is settled here.
+            self.row, self.owed, self.stream_open = False, None, False
+            if self.registry_told:
+                effects.append(Unregister())
+                self.registry_told = False
+            return [*effects, FailCommands()]
+        if self.restarted and self.outcome is None:
+            self.outcome = "disconnected_only"
+            effects.append(CountRestart("disconnected_only"))
         if self.owed is not None:
             effects.append(Announce(Event.DISCONNECTED, self.owed))
             self.owed = None

@@ -30,7 +30,7 @@ from gateway.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import SupervisorError, terminate_child
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Presented
 from tests.support.node import TEST_CONFIG, http_get, running_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -435,6 +435,9 @@ def test_an_owner_that_dies_ends_its_stream_unavailable(tmp_path: Path) -> None:
         async with gateway(tmp_path) as (node, fake), agents(node) as [agent]:
             runtime = node.runtime
             assert runtime is not None
+            # The restarted owner cannot present the session again, so it does not recover it
+            # (the recovery itself: tests/integration/test_owner_recovery.py).
+            fake.presented_known = Presented.REFUSE
             session = (await agent.register()).session_id
             stream = agent.subscribe(session)
             await fake.wait_for_calls("NotifyStreamStatus")

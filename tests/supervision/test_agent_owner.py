@@ -30,14 +30,18 @@ from actors.agent_owner import AgentOwner
 from actors.agent_sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
 from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
-    OWNER_FAILED_DETAILS,
-    OWNER_RESTARTED_DETAILS,
     REFUSED_DETAILS,
     STOPPING_DETAILS,
     STUCK_DETAILS,
 )
 from actors.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
 from actors.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
+from actors.recovery_messages import (
+    DisconnectSettled,
+    PresentSession,
+    SessionPresented,
+    SettleDisconnected,
+)
 from actors.registry import Registry, RegistryArgs
 from actors.registry_messages import (
     Commit,
@@ -50,6 +54,7 @@ from actors.registry_messages import (
 )
 from actors.sessions import REGISTRY_NAME, admit, session_of
 from actors.upstream_messages import ForwardGuardian, Notify
+from gateway.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.api import count_children, start_child, terminate_child
@@ -230,7 +235,12 @@ async def test_planned_stop_sends_disconnected_and_ends_the_stream(h: Harness):
     await terminate_child(h.base, t.agent_sup, owner, timeout=2.0)
     await h.settle()
     assert [n.stream_home_id for n in t.notes(Event.DISCONNECTED)] == [home]
-    assert drain(stream) == [StreamEnd(UNAVAILABLE, STOPPING_DETAILS)]
+    # UNAVAILABLE with a jittered retry hint (a planned stop: docs/planned-stop.md).
+    [end] = drain(stream)
+    assert (end.status, end.details) == (UNAVAILABLE, STOPPING_DETAILS)
+    [(key, hint)] = end.trailers
+    assert key == PUSHBACK_HEADER
+    assert STOPPING_HINT_MS[0] <= int(hint) <= STOPPING_HINT_MS[1]
     assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
     assert await t.children() == 0
 
@@ -331,37 +341,73 @@ async def test_an_ended_stream_makes_the_owner_exit_at_init(h: Harness):
     assert await t.children() == 0
 
 
+def settle_requests(t: Tree) -> list[SettleDisconnected]:
+    return [m for m in t.upstream_inbox if isinstance(m, SettleDisconnected)]
+
+
+def present_requests(t: Tree) -> list[PresentSession]:
+    return [m for m in t.upstream_inbox if isinstance(m, PresentSession)]
+
+
 @actor_test
-async def test_crashed_owner_settles_and_its_restart_exits_normal(h: Harness):
+async def test_a_crashed_owners_restart_recovers_the_session_on_the_same_stream(h: Harness):
+    # The recovery's wiring (docs/owner-recovery.md); the rules: tests/unit/test_owner_recovery.py.
     t = tree(h)
     owner, stream = await t.owner()
     home = h.instance(owner).stream_home_id
     crash(h, owner)
     await h.settle()
-    # The crashed owner's terminate settled the session; the restart found the stream ended and
-    # ended normally, so the transient restart does not loop. (Issue 7 replaces this with
-    # recovery: the restarted owner re-attaches to the open stream.)
-    assert [n.event for n in t.notes()] == [Event.CONNECTED, Event.DISCONNECTED]
-    assert {n.stream_home_id for n in t.notes()} == {home}
-    assert drain(stream) == [StreamEnd(UNAVAILABLE, OWNER_FAILED_DETAILS)]
-    assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
-    assert await t.children() == 0
+    # The crashed owner left the row, the DISCONNECTED and the stream to its restart, which
+    # took the row over (`recovering`, so heartbeats stay admitted) and sent the DISCONNECTED.
+    restarted = owner_row(h.base, "s1")
+    assert restarted is not None and restarted.owner != owner
+    assert (restarted.state, restarted.stream_home_id) == ("recovering", home)
+    assert admit(h.base, "s1", "c1") is None
+    assert [
+        (n.agent_id, n.session_id, n.stream_home_id, n.event)
+        for n in (m.notify for m in settle_requests(t))
+    ] == [("agent-1", "s1", home, Event.DISCONNECTED)]
+    assert drain(stream) == [] and not stream.ended
     assert h.instance(t.agent_sup).format_status()["restarts_in_window"] == 1
+    # Settled: registered again, then presented to the server again...
+    h.tell(restarted.owner, DisconnectSettled("s1", "delivered"))
+    await h.settle()
+    assert session_of(h.base, "s1") is not None
+    [present] = present_requests(t)
+    assert (present.session_id, present.agent_id) == ("s1", "agent-1")
+    # ...and, adopted, CONNECTED again with the same stream home id.
+    h.tell(restarted.owner, SessionPresented("s1", True))
+    await h.settle()
+    assert [(n.event, n.stream_home_id) for n in t.notes()] == [
+        (Event.CONNECTED, home),
+        (Event.CONNECTED, home),
+    ]
+    row = owner_row(h.base, "s1")
+    assert row is not None and row.state == "live" and row.restarts == restarted.restarts
+    cmd = agent_pb2.CommandRequest(command_id="after")
+    h.tell(restarted.owner, DeliverCommand(cmd))
+    await h.settle()
+    assert drain(stream) == [cmd]
 
 
 @actor_test
-async def test_killed_owner_successor_sends_the_predecessors_disconnected(h: Harness):
+async def test_a_killed_owners_restart_that_cannot_present_the_session_ends_it(h: Harness):
     t = tree(h)
     owner, stream = await t.owner()
     home = h.instance(owner).stream_home_id
     h.base.kill(owner)  # no terminate: the row says a DISCONNECTED is owed
     await h.settle()
-    notes = t.notes()
-    assert [(n.event, n.stream_home_id) for n in notes] == [
-        (Event.CONNECTED, home),
-        (Event.DISCONNECTED, home),
-    ]
-    assert drain(stream) == [StreamEnd(UNAVAILABLE, OWNER_RESTARTED_DETAILS)]
+    [settle] = settle_requests(t)
+    assert (settle.notify.event, settle.notify.stream_home_id) == (Event.DISCONNECTED, home)
+    restarted = owner_row(h.base, "s1")
+    assert restarted is not None
+    h.tell(restarted.owner, DisconnectSettled("s1", "delivered"))
+    await h.settle()
+    h.tell(restarted.owner, SessionPresented("s1", False, "refused", "not_accepted"))
+    await h.settle()
+    # The DISCONNECTED went once (with the settle request); the agent registers again.
+    assert [n.event for n in t.notes()] == [Event.CONNECTED]
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, "refused")]
     assert owner_row(h.base, "s1") is None and session_of(h.base, "s1") is None
     assert await t.children() == 0
 
@@ -377,17 +423,20 @@ async def test_intensity_comes_from_the_config_and_escalates(h: Harness):
     for owner in owners[:3]:
         h.base.kill(owner)
         await h.settle()
-    # The third restart passes the intensity: agent_sup stops the owner still running (which
-    # settles its session) and the root starts a new, empty agent_sup.
+    # The third restart passes the intensity: agent_sup stops the owners still running (which
+    # settle their sessions) and the root starts a new agent_sup, which restarts an owner for
+    # the one orphaned session (the third killed owner's row).
     assert t.agent_sup != first_sup
-    assert await t.children() == 0
+    assert await t.children() == 1
     disconnected = {n.session_id for n in t.notes(Event.DISCONNECTED)}
-    assert disconnected == {"s0", "s1", "s3"}
-    # The third killed owner was never restarted: its row stays, owing its DISCONNECTED, for the
-    # owner-crash recovery of issue 7 to settle (and to keep admitting its heartbeats, ADM-08).
+    assert disconnected == {"s3"}  # the running owner, on the way down
+    # s0 and s1 were restarted and sent their DISCONNECTED before they were stopped; the
+    # orphan's restart sends s2's.
+    assert sorted(m.notify.session_id for m in settle_requests(t)) == ["s0", "s1", "s2"]
     orphan = owner_row(h.base, "s2")
-    assert orphan is not None and orphan.owner == owners[2]
+    assert orphan is not None and orphan.owner != owners[2] and orphan.state == "recovering"
     assert admit(h.base, "s2", "c2") is None
+    assert owner_row(h.base, "s0") is None and owner_row(h.base, "s1") is None
     assert h.base.table(OWNERS_TABLE) is not None  # the root owns it, not agent_sup
 
 

@@ -20,7 +20,6 @@ from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
     OWNER_CONFLICT_DETAILS,
     OWNER_FAILED_DETAILS,
-    OWNER_RESTARTED_DETAILS,
     REFUSED_DETAILS,
     REGISTRY_UNAVAILABLE_DETAILS,
     STOPPING_DETAILS,
@@ -28,6 +27,7 @@ from actors.core.owner_lifecycle import (
     TRANSITIONS,
     Announce,
     CloseStream,
+    CountRestart,
     DeleteRow,
     FailCommands,
     LifecycleError,
@@ -82,9 +82,15 @@ def test_planned_stop_closes_the_stream_unavailable() -> None:
     ]
 
 
-def test_crash_settles_like_any_end() -> None:
-    # Until owner-crash recovery (issue 7), a crashed owner settles in terminate itself.
+def test_a_crash_leaves_the_session_to_the_successor() -> None:
+    # Owner-crash recovery: the row, the DISCONNECTED and the stream are the successor's.
     life = streaming()
+    assert life.finish("crash") == [Unregister(), FailCommands()]
+
+
+def test_a_crash_while_registering_closes_the_stream() -> None:
+    life = OwnerLifecycle(HOME)
+    life.begin(stream_open=True, predecessor=None)
     assert life.finish("crash")[-1] == CloseStream(UNAVAILABLE, OWNER_FAILED_DETAILS)
 
 
@@ -140,14 +146,15 @@ def test_restart_after_the_session_ended_exits_quietly() -> None:
     assert life.finish("normal") == [FailCommands()]
 
 
-def test_successor_of_a_killed_owner_sends_its_disconnected() -> None:
+def test_successor_of_a_killed_owner_whose_agent_left_sends_its_disconnected() -> None:
+    # The recovery itself: tests/unit/test_owner_recovery.py.
     life = OwnerLifecycle(HOME)
-    assert life.begin(stream_open=True, predecessor=Predecessor(OLD, alive=False)) == [Stop()]
+    assert life.begin(stream_open=False, predecessor=Predecessor(OLD, alive=False)) == [Stop()]
     assert life.finish("normal") == [
+        CountRestart("disconnected_only"),
         Announce(Event.DISCONNECTED, OLD),
         DeleteRow(),
         FailCommands(),
-        CloseStream(UNAVAILABLE, OWNER_RESTARTED_DETAILS),
     ]
 
 
@@ -201,7 +208,8 @@ EVENTS = ("registered", "refused", "registry_down", "agent_gone", "stuck")
 class LifecycleMachine(RuleBasedStateMachine):
     @initialize(
         stream_open=st.booleans(),
-        predecessor=st.sampled_from(["none", "dead", "alive"]),
+        # A dead predecessor (a recovery): tests/unit/test_owner_recovery.py.
+        predecessor=st.sampled_from(["none", "alive"]),
     )
     def begin(self, stream_open: bool, predecessor: str) -> None:
         self.life = OwnerLifecycle(HOME)
@@ -211,6 +219,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.stopped_by: str | None = None
         self.agent_went_before_finish = not stream_open
         self.finished = False
+        # A crash with a row leaves what is owed to the successor.
+        self.crashed_with_row = False
         self._take(self.life.begin(stream_open=stream_open, predecessor=pred))
 
     def _take(self, effects: list[object]) -> None:
@@ -240,7 +250,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(reason=st.sampled_from(["normal", "shutdown", "crash", "killed"]))
     def finish(self, reason: str) -> None:
         was_stopped = self.life.phase is Phase.STOPPED
+        row = self.life.row
         self._feed("finish", reason)
+        if not was_stopped and row and reason in ("crash", "killed"):
+            self.crashed_with_row = True
         if not was_stopped:
             self.finished = True
 
@@ -258,7 +271,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.predecessor != "none":
             assert not connected  # a successor (for now) never registers
         if self.finished:
-            if connected:
+            if self.crashed_with_row:
+                assert not disconnected
+            elif connected:
                 assert disconnected == [Announce(Event.DISCONNECTED, HOME)]
             elif self.predecessor == "dead":
                 assert disconnected == [Announce(Event.DISCONNECTED, OLD)]
@@ -275,7 +290,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert len(writes) <= 1 and len(deletes) <= 1
         if writes:
             assert self._announced(Event.CONNECTED), "a row only with its CONNECTED"
-        if self.finished and (writes or self.predecessor == "dead"):
+        if self.finished and writes and not self.crashed_with_row:
             assert deletes
         if self.predecessor == "alive":
             assert not writes and not deletes
@@ -287,7 +302,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if closes:
             assert self.finished and not self.agent_went_before_finish
         elif self.finished:
-            assert self.agent_went_before_finish
+            assert self.agent_went_before_finish or self.crashed_with_row
 
     @invariant()
     def registry(self) -> None:

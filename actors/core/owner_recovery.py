@@ -1,0 +1,48 @@
+"""The numbers and the restart budget of owner-crash recovery (seed: "When an agent's owner
+process crashes"; docs/owner-recovery.md).
+
+Rules of this file: when a restarted owner gives up, and what each restart counts as. Pure: the
+restart history is a tuple of loop-clock times carried in the session's owner-table row (it
+survives the owner and agent_sup), and `now` comes in. The steps themselves (send the
+predecessor's DISCONNECTED, wait for it to settle, re-register, present the session, announce
+CONNECTED) are phases of the owner lifecycle (actors/core/owner_lifecycle.py).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+__all__ = [
+    "GAVE_UP_LOG",
+    "MAX_RESTARTS",
+    "RECOVERY_DEADLINE_S",
+    "RESTART_OUTCOMES",
+    "RESTART_WINDOW_S",
+    "RestartOutcome",
+    "record_restart",
+]
+
+# Seed, step 4: one owner may be restarted at most 3 times within 60 s; the next restart gives up.
+MAX_RESTARTS: Final = 3
+RESTART_WINDOW_S: Final = 60.0
+# Seed, step 4, quoted; the argument is the agent id (cut and cleaned by log_text).
+GAVE_UP_LOG: Final = "Agent %s: owner process restarted more than 3 times in 60 s; giving up"
+# The seed bounds only the stream's wait for the re-attach (5 s, K32). A recovery whose
+# DISCONNECTED cannot settle or whose server does not answer ends the session after this long
+# (this rebuild's choice: twice the default upstream_rpc_timeout_ms); heartbeats stay admitted
+# meanwhile, so the agent loses nothing by the wait.
+RECOVERY_DEADLINE_S: Final = 10.0
+
+# `recovered`: the session is CONNECTED again with its stream home id and the agent kept its
+# stream. `disconnected_only`: the predecessor's DISCONNECTED went (or had gone) but the session
+# could not be recovered (the stream was gone, a step failed); the agent registers again.
+# `gave_up`: the crash loop's limit.
+RestartOutcome = Literal["recovered", "disconnected_only", "gave_up"]
+RESTART_OUTCOMES: tuple[RestartOutcome, ...] = ("recovered", "disconnected_only", "gave_up")
+
+
+def record_restart(history: tuple[float, ...], now: float) -> tuple[tuple[float, ...], bool]:
+    """This restart added to the `history` of earlier ones (the times still inside the window),
+    and whether it is one too many: the restarts before it within 60 s already number 3."""
+    recent = tuple(t for t in history if now - t < RESTART_WINDOW_S)
+    return (*recent, now), len(recent) >= MAX_RESTARTS
