@@ -333,6 +333,12 @@ def http_status(url: str) -> int | None:
 # -- the banner --------------------------------------------------------------------------------
 
 
+def operator_cli() -> str:
+    """`yuzu-gw-ctl` beside this interpreter (the venv's console script), else the module."""
+    script = Path(sys.executable).parent / "yuzu-gw-ctl"
+    return str(script) if script.exists() else f"{sys.executable} -m gateway.ctl"
+
+
 def banner(stack: Stack) -> str:
     assert stack.ports is not None
     ports, pki, run_dir = stack.ports, stack.pki, stack.run_dir
@@ -341,14 +347,14 @@ def banner(stack: Stack) -> str:
     if pki is None:
         agent_tls = mgmt_tls = upstream_tls = "plaintext"
         send = f'broadcast("{host}:{ports.mgmt}", "os", "info")'
-        ctl = f"yuzu-gw-ctl --target {host}:{ports.mgmt} send --all os info"
+        ctl = f"{operator_cli()} --target {host}:{ports.mgmt} send --all os info"
     else:
         agent_tls = "one-way TLS (the agents verify the gateway)"
         mgmt_tls = "mutual TLS, peers admitted by the identity yuzu://<install>/server"
         upstream_tls = "mutual TLS"
         send = f'broadcast("{host}:{ports.mgmt}", "os", "info", pki="{pki.directory}")'
         ctl = (
-            f"yuzu-gw-ctl --target {host}:{ports.mgmt} --ca {pki.ca_cert_path}"
+            f"{operator_cli()} --target {host}:{ports.mgmt} --ca {pki.ca_cert_path}"
             f" --cert {pki.server.cert_path} --key {pki.server.key_path} send --all os info"
         )
     rel = shown(PROJECT_ROOT / "rel" / "yuzu_gw")
@@ -371,7 +377,7 @@ def banner(stack: Stack) -> str:
         "",
         "Send a command to every agent (each answers RUNNING, then SUCCESS):",
         f"  {sys.executable} -c 'from gateway.devstack.client import broadcast; {send}'",
-        f"  (with the operator CLI, once it lands: {ctl})",
+        f"  or with the operator CLI (docs/ctl.md): {ctl}",
         f"Count the agents: curl -s http://{host}:{ports.metrics}/metrics | grep"
         " '^yuzu_gw_agents_current'",
         READY_LINE,

@@ -1,6 +1,6 @@
 """The dev stack end to end: `rel/yuzu_gw devstack --agents 20` as a subprocess, a broadcast
-SendCommand from a grpcio client to the management port it printed, the node's /readyz and
-/metrics, then SIGINT and nothing left behind. The same over TLS everywhere.
+sent with the operator CLI (`yuzu-gw-ctl send --all`, as the banner prints it), the node's
+/readyz and /metrics, then SIGINT and nothing left behind. The same over TLS everywhere.
 
 `--free-ports` keeps the run off the shipped ports (a developer's node may hold them); every
 port the banner printed is checked against devstack.json and checked closed at the end.
@@ -26,7 +26,6 @@ import grpc.aio
 import pytest
 
 from gateway.devstack.stack import READY_LINE
-from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from tests.support.node import ROOT, http_get
 
@@ -36,7 +35,6 @@ AGENTS = 20
 READY_WITHIN_S = 90.0
 STOP_WITHIN_S = 60.0
 SEND_COMMAND = "/yuzu.server.v1.ManagementService/SendCommand"
-Status = agent_pb2.CommandResponse.Status
 PORT_RE = re.compile(r"127\.0\.0\.1:(\d+)")
 
 
@@ -72,6 +70,11 @@ class Devstack:
         """The banner's ready-to-paste command, as argv."""
         [line] = [line for line in self.banner if "devstack.client import broadcast" in line]
         return shlex.split(line)
+
+    def ctl_line(self) -> list[str]:
+        """The banner's operator CLI broadcast, as argv."""
+        [line] = [line for line in self.banner if "with the operator CLI" in line]
+        return shlex.split(line.split(": ", 1)[1])
 
 
 @contextlib.asynccontextmanager
@@ -150,14 +153,20 @@ async def exercise(stack: Devstack) -> None:
     assert stack.printed_ports() == set(stack.ports.values())
     assert len(stack.printed_ports()) == 5
 
-    async with management(stack) as channel:
-        answers = await broadcast(channel)
-    final = [a for a in answers if a.response.status != Status.RUNNING]
-    assert [Status.Name(a.response.status) for a in final] == ["SUCCESS"] * AGENTS
-    assert len({a.agent_id for a in final}) == AGENTS
+    # The broadcast, with the operator CLI as the banner prints it (plus --json for the test).
+    options = ["--json", "--command-id", "devstack-test-1", "--timeout", "20"]
+    cli = await asyncio.create_subprocess_exec(
+        *stack.ctl_line(), *options, stdout=asyncio.subprocess.PIPE, cwd=ROOT
+    )
+    out, _ = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0  # every target answered SUCCESS
+    answers = [json.loads(line) for line in out.decode().splitlines()]
+    final = [a for a in answers if a["final"]]
+    assert [a["status"] for a in final] == ["SUCCESS"] * AGENTS
+    assert len({a["agent_id"] for a in final}) == AGENTS
     for answer in final:
-        assert answer.response.command_id == "devstack-test-1"
-        assert answer.response.output == f"{answer.agent_id}: os info done"
+        assert answer["command_id"] == "devstack-test-1"
+        assert answer["output"] == f"{answer['agent_id']}: os info done"
 
     # The banner's one-liner works as printed.
     line = await asyncio.create_subprocess_exec(
