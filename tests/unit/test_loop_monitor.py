@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from gateway.loop_monitor import LAG, MAX_STALL, STALL, LoopMonitor
+from gateway.loop_monitor import BUSY_STALL, LAG, MAX_STALL, STALL, LoopMonitor
 
 BLOCK_S = 0.1
 
@@ -56,5 +56,38 @@ def test_two_monitors_on_one_registry_share_the_gauges() -> None:
         await asyncio.sleep(0.02)
         await second.stop()
         assert _sample(registry, MAX_STALL) >= 0.0
+
+    asyncio.run(scenario())
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_busy_histogram_separates_work_on_the_loop_from_waiting_off_cpu() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        monitor = LoopMonitor(registry)
+        monitor.start()
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(time.sleep, BLOCK_S)  # off CPU: the wall histogram only
+        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+
+        def over_50ms(name: str) -> float:
+            return _sample(registry, name + "_count") - _sample(
+                registry, name + "_bucket", {"le": "0.05"}
+            )
+
+        assert over_50ms(STALL) >= 1
+        assert over_50ms(BUSY_STALL) == 0
+        loop.call_soon(_burn, BLOCK_S)  # on CPU: both
+        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        assert over_50ms(BUSY_STALL) >= 1
+        await monitor.stop()
 
     asyncio.run(scenario())
