@@ -9,7 +9,8 @@ The modules:
   ordered stop) and `__main__` its command line;
 - `config`: the node's configuration, derived from sys_config/sys.config;
 - `pki`: the throwaway CA and certificates of `--tls`;
-- `upstream`: the one place the fake Yuzu server is imported from;
+- `fake_upstream`: the fake Yuzu server (grpcio), also the tests' fake and runnable alone
+  (`python -m gateway.devstack.fake_upstream`); `upstream` starts it for the stack;
 - `behaviour`: what a simulated agent says (pure: command answers, Guardian events, backoff);
 - `agents`: the simulated agents themselves (grpcio, one connection each);
 - `client`: a small ManagementService client for the banner's "send a command" line.

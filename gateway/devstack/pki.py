@@ -14,8 +14,9 @@ install is the upper-case hex SHA-256 of the CA certificate's DER) and requires 
 the peer's certificate (docs/listeners.md, the mgmt_peer_* keys in docs/configuration.md). The
 agents have no certificate: the agent edge is one-way TLS.
 
-Keys are ECDSA P-256 (fast to make). Everything is regenerated at each start and lives in the
-run directory; nothing here is fit for anything but a dev stack on one host.
+Keys are ECDSA P-256 (fast to make). The stack regenerates everything at each start and keeps
+it in the run directory; the standalone fake server (`--tls-dir`) reuses what a directory holds
+(`ensure_pki`). Nothing here is fit for anything but a dev stack on one host.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gateway.mgmt_auth.certs import install_identity
 
-__all__ = ["DevPki", "Leaf", "write_pki"]
+__all__ = ["DevPki", "Leaf", "ensure_pki", "load_pki", "write_pki"]
 
 # A dev stack lives for a session; a week leaves a margin for a laptop left running.
 VALID_DAYS = 7
@@ -41,6 +42,8 @@ VALID_DAYS = 7
 BACKDATE = dt.timedelta(minutes=1)
 LOOPBACK_DNS = ("localhost",)
 LOOPBACK_IPS = ("127.0.0.1", "::1")
+# The files write_pki writes, by stem: each a .pem, and a .key beside it.
+CA, GATEWAY, SERVER = "ca", "gateway", "server"
 
 
 @attrs.frozen
@@ -171,8 +174,33 @@ def write_pki(directory: Path) -> DevPki:
     replacing what an earlier run left there."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca = _Ca(dt.datetime.now(dt.UTC))
-    ca_leaf = _write(directory, "ca", ca.cert, ca.key)
+    ca_leaf = _write(directory, CA, ca.cert, ca.key)
     identity = install_identity(ca.cert.public_bytes(serialization.Encoding.DER))
-    gateway = _write(directory, "gateway", *ca.issue("yuzu-gateway"))
-    server = _write(directory, "server", *ca.issue("yuzu-server", uris=[identity]))
+    gateway = _write(directory, GATEWAY, *ca.issue("yuzu-gateway"))
+    server = _write(directory, SERVER, *ca.issue("yuzu-server", uris=[identity]))
     return DevPki(directory, ca_leaf.cert_path, gateway, server, identity)
+
+
+def _leaf(directory: Path, stem: str) -> Leaf:
+    return Leaf(directory / f"{stem}.pem", directory / f"{stem}.key")
+
+
+def load_pki(directory: Path) -> DevPki:
+    """What `write_pki` wrote into `directory` earlier (the files are read when used)."""
+    ca = _leaf(directory, CA)
+    der = x509.load_pem_x509_certificate(ca.cert_pem).public_bytes(serialization.Encoding.DER)
+    return DevPki(
+        directory,
+        ca.cert_path,
+        _leaf(directory, GATEWAY),
+        _leaf(directory, SERVER),
+        install_identity(der),
+    )
+
+
+def ensure_pki(directory: Path) -> DevPki:
+    """The PKI in `directory` if all its files are there, else a new one written there."""
+    leaves = [_leaf(directory, stem) for stem in (CA, GATEWAY, SERVER)]
+    if all(leaf.cert_path.is_file() and leaf.key_path.is_file() for leaf in leaves):
+        return load_pki(directory)
+    return write_pki(directory)

@@ -1,7 +1,7 @@
 """Benchmark of SendCommand fan-out: `python -m tests.bench.fanout --agents N [--json]`.
 
 Workload (issue 6, section 3): N agents held by a gateway node started as a subprocess
-(`python -m gateway`, its upstream the fake server `tests.support.fake_upstream` answering in
+(`python -m gateway`, its upstream the fake server `gateway.devstack.fake_upstream` answering in
 2 ms), each one grpcio channel in a few load-generator processes (`tests.bench.fanout_loadgen`)
 that answer every command at once (SUCCESS). One grpcio operator client in this process, on the
 management listener:

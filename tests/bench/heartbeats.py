@@ -3,7 +3,7 @@
 Workload (issue 5, section 5 (a)): N agents in a few load-generator processes
 (`tests.bench.heartbeats_loadgen`), one grpcio channel (one HTTP/2 connection) each, register and
 subscribe to a gateway node started as a subprocess (`python -m gateway`) whose upstream channel
-dials the fake server (`tests.support.fake_upstream`, run in this process). Then every agent
+dials the fake server (`gateway.devstack.fake_upstream`, run in this process). Then every agent
 sends Heartbeats with 30 status tags back to back, the next as soon as the previous is answered,
 for a warm-up and then a measured window.
 
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from gateway.devstack.fake_upstream import Call, FakeUpstream
 from tests.bench.agents import (
     START_TIMEOUT_S,
     Server,
@@ -54,7 +55,6 @@ from tests.bench.agents import (
 )
 from tests.bench.common import Row, add_common_arguments, environment, report
 from tests.bench.heartbeats_loadgen import DEFAULT_TAGS, heartbeat_request, made_up_session_id
-from tests.support.fake_upstream import Call, FakeUpstream
 
 NAME = "heartbeats"
 

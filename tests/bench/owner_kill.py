@@ -7,7 +7,7 @@ holding N sessions (default 5,000) has K of their owners (default 500) killed at
 predecessor's DISCONNECTED, waits for it to settle, registers the session again, presents it
 (ProxyRegister with the session id) and announces CONNECTED with the same stream home id.
 
-- The fake server runs in a SUBPROCESS (`python -m tests.support.fake_upstream`, a mocked server
+- The fake server runs in a SUBPROCESS (`python -m gateway.devstack.fake_upstream`, a mocked server
   that answers at once unless `--latency-ms` is given), as tests/bench/replay.py starts it.
 - The gateway is a real node in this process; the sessions are held as tests/bench/replay.py
   holds them (the registry's Reserve, Commit, TakePending, then an owner under agent_sup with a

@@ -6,7 +6,7 @@ a permit asked of the real `upstream_regulator` actor, the real upstream channel
 the outcome told to the `upstream` actor) to the grpcio fake server answering in 50 ms, with
 48 register permits.
 
-The fake server runs in a SUBPROCESS (`python -m tests.support.fake_upstream --latency-ms
+The fake server runs in a SUBPROCESS (`python -m gateway.devstack.fake_upstream --latency-ms
 ProxyRegister=50`), so the gateway's loop does not share its time with the server's. Peak in
 flight is counted on the gateway side, around the channel's `unary`, and the pool's own peak is
 read too. The Little's-law bound is N / permits x latency (600 / 48 x 50 ms = 0.625 s).
@@ -67,11 +67,11 @@ _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 
 @contextlib.asynccontextmanager
 async def fake_server(latency_ms: float) -> AsyncIterator[tuple[int, int]]:
-    """Start `python -m tests.support.fake_upstream` on a free port; yields (port, pid)."""
+    """Start `python -m gateway.devstack.fake_upstream` on a free port; yields (port, pid)."""
     command = [
         sys.executable,
         "-m",
-        "tests.support.fake_upstream",
+        "gateway.devstack.fake_upstream",
         "--port",
         "0",
         "--latency-ms",

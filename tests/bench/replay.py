@@ -5,7 +5,7 @@ and convergence bounds"): a gateway node holding N sessions (default 5,000) repl
 them to the fake server, which answers ProxyRegister in 50 ms and NotifyStreamStatus at once,
 with 24 replay permits.
 
-- The fake server runs in a SUBPROCESS (`python -m tests.support.fake_upstream --latency-ms
+- The fake server runs in a SUBPROCESS (`python -m gateway.devstack.fake_upstream --latency-ms
   ProxyRegister=50`, as tests/bench/permits.py starts it), so the gateway's loop does not share
   its time with the server's.
 - The gateway is a real node in this process (`gateway.node.Node`, the test configuration with

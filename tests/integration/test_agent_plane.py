@@ -26,11 +26,11 @@ from actors.agent_messages import DeliverCommand
 from actors.owner_table import owner_row
 from actors.registry_messages import GetCounts, RegistryCounts
 from actors.sessions import pending_of
+from gateway.devstack.fake_upstream import FakeUpstream, Presented
 from gateway.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import SupervisorError, terminate_child
-from tests.support.fake_upstream import FakeUpstream, Presented
 from tests.support.node import TEST_CONFIG, http_get, running_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]

@@ -34,6 +34,7 @@ from actors.owner_table import owner_row
 from actors.router import ROUTER_NAME
 from actors.sessions import REGISTRY_NAME
 from actors.upstream import NAME as UPSTREAM
+from gateway.devstack.fake_upstream import SESSION_METADATA_KEY
 from gateway.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors import introspection
@@ -41,7 +42,6 @@ from supervisors.address import Address
 from supervisors.runtime import LoopSystemBase
 from tests.integration.test_agent_plane import DEADLINE_S, Agent, agents, gateway, run, until
 from tests.integration.test_management_plane import operator
-from tests.support.fake_upstream import SESSION_METADATA_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -22,13 +22,13 @@ import pytest
 
 from actors.router import ROUTER_NAME
 from actors.sessions import agent_session
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 from supervisors.api import restart_child, terminate_child
 from tests.integration.test_agent_plane import Agent, Metrics, agents, run, until
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.node import TEST_CONFIG, running_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(40)]

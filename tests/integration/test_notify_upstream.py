@@ -19,12 +19,12 @@ from actors.core.notify_store import Event
 from actors.sessions import OWNERS_TABLE
 from actors.upstream import breaker_view
 from actors.upstream_messages import ForwardGuardian, Notify
+from gateway.devstack.fake_upstream import Call, FakeUpstream
 from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import UpstreamActors, start_upstream_actors, upstream_context
-from tests.support.fake_upstream import Call, FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -22,6 +22,7 @@ from actors.agent_sup import AGENT_SUP_NAME
 from actors.owner_table import owner_row
 from actors.router import ROUTER_NAME
 from actors.router_messages import RouteCommand
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
@@ -36,7 +37,6 @@ from tests.integration.test_server_restart import (
     own_registers,
     replays,
 )
-from tests.support.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -22,10 +22,10 @@ import grpc.aio
 import pytest
 
 from gateway import memory_reader
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import restart_child, terminate_child
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.node import TEST_CONFIG, http_get, running_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

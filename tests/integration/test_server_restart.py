@@ -22,10 +22,10 @@ import attrs
 import grpc
 import pytest
 
+from gateway.devstack.fake_upstream import SESSION_METADATA_KEY, Call, FakeUpstream
 from gateway.node import Node
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.integration.test_agent_plane import Agent, Metrics, gateway, run
-from tests.support.fake_upstream import SESSION_METADATA_KEY, Call, FakeUpstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

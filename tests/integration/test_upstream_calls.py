@@ -19,6 +19,7 @@ from actors.core.breaker import ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream import breaker_view
 from actors.upstream_regulator import GetPermits, PermitSnapshot
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.calls import UpstreamRefused
 from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
@@ -26,7 +27,6 @@ from gateway.upstream.methods import PROXY_REGISTER
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import UpstreamActors, start_upstream_actors, upstream_context
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.node import http_get, running_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -23,6 +23,7 @@ from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.context import NodeContext
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.upstream import methods
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.channel import UpstreamChannel
@@ -37,7 +38,6 @@ from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness
 from tests.support.certs import CertAuthority, Pki, write_pki
-from tests.support.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.integration
 

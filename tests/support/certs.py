@@ -40,7 +40,7 @@ PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 SERVER_DNS = ("localhost",)
 SERVER_IPS = ("127.0.0.1", "::1")
 
-# File names used by write_pki / load_pki (and the fake server's --tls-dir).
+# File names used by write_pki / load_pki.
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
 

@@ -1,4 +1,4 @@
-"""The fake Yuzu server (tests/support/fake_upstream.py), driven by a grpcio aio client."""
+"""The fake Yuzu server (gateway/devstack/fake_upstream.py), driven by a grpcio aio client."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ import grpc.aio
 import pytest
 from cryptography import x509
 
-from protos.yuzu.agent.v1 import agent_pb2
-from protos.yuzu.gateway.v1 import gateway_pb2
-from tests.support.certs import CertAuthority, ensure_pki, load_pki, write_pki
-from tests.support.fake_upstream import (
+from gateway.devstack import pki as devstack_pki
+from gateway.devstack.fake_upstream import (
     METHODS,
     SESSION_METADATA_KEY,
     FakeUpstream,
@@ -29,6 +27,9 @@ from tests.support.fake_upstream import (
     Presented,
     method_path,
 )
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.gateway.v1 import gateway_pb2
+from tests.support.certs import CertAuthority, ensure_pki, write_pki
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -403,7 +404,7 @@ def test_standalone_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tests.support.fake_upstream",
+            "gateway.devstack.fake_upstream",
             "--port",
             "0",
             "--latency-ms",
@@ -422,11 +423,11 @@ def test_standalone_process(tmp_path: Path) -> None:
         match = re.match(r"fake upstream listening on 127\.0\.0\.1:(\d+) \(tls", line)
         assert match, line
         port = int(match.group(1))
-        pki = load_pki(tmp_path)
+        pki = devstack_pki.load_pki(tmp_path)  # what --tls-dir wrote: the dev stack's files
 
         async def body() -> None:
             creds = grpc.ssl_channel_credentials(
-                pki.ca_cert_pem, pki.client.key_pem, pki.client.cert_pem
+                pki.ca_cert_pem, pki.gateway.key_pem, pki.gateway.cert_pem
             )
             async with grpc.aio.secure_channel(f"localhost:{port}", creds) as ch:
                 t0 = time.monotonic()
@@ -463,3 +464,14 @@ def test_certs_sans_usages_and_reload(tmp_path: Path) -> None:
     )
     assert leaf.serial_hex == "A1B2C"
     assert leaf.cert.public_key() == pki.server.cert.public_key()
+
+
+def test_tls_dir_reuses_a_complete_dev_pki_and_replaces_an_incomplete_one(tmp_path: Path) -> None:
+    written = devstack_pki.ensure_pki(tmp_path)
+    again = devstack_pki.ensure_pki(tmp_path)
+    assert again == written  # the same files, and the identity read back from the CA
+    ca = written.ca_cert_pem
+    (tmp_path / "gateway.key").unlink()
+    fresh = devstack_pki.ensure_pki(tmp_path)
+    assert fresh.ca_cert_pem != ca and fresh.identity != written.identity
+    assert (tmp_path / "gateway.key").is_file()

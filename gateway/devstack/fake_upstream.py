@@ -2,7 +2,9 @@
 
 The gateway is a grpclib client of this service; the fake runs on grpcio (Google's C-core, the
 stack of the real C++ server), so tests check interoperability against code the project did
-not write. It runs in the test's event loop::
+not write. It is part of the product for the dev stack (``rel/yuzu_gw devstack``) and needs
+grpcio, the ``dev`` extra; the gateway itself never imports it. It runs in the caller's event
+loop::
 
     async with FakeUpstream() as fake:           # 127.0.0.1, a free port
         gateway_config["upstream"] = fake.address
@@ -13,7 +15,7 @@ not write. It runs in the test's event loop::
 
 or standalone, for a dev stack::
 
-    python -m tests.support.fake_upstream --port 50055 [--latency-ms ProxyRegister=200 ...]
+    python -m gateway.devstack.fake_upstream --port 50055 [--latency-ms ProxyRegister=200 ...]
         [--tls-dir DIR] [--max-streams N] [--verbose]
 
 How an RPC is answered, in order (every step can be changed while the server runs):
@@ -43,15 +45,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
+from gateway.devstack.pki import ensure_pki
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
-from tests.support.certs import Pki, ensure_pki
 
 SERVICE = "yuzu.gateway.v1.GatewayUpstream"
 
@@ -68,6 +70,25 @@ SESSION_METADATA_KEY = "x-yuzu-session-id"
 SESSION_PREFIX = "gw-session-"
 UNKNOWN_CAP = 4096  # the server lists at most this many unknown session ids
 MAX_LISTED_ID_BYTES = 64  # longer (and empty) ids are never listed
+
+
+class _KeyPair(Protocol):
+    @property
+    def cert_pem(self) -> bytes: ...
+
+    @property
+    def key_pem(self) -> bytes: ...
+
+
+class ServerTls(Protocol):
+    """What the fake reads of a PKI: the server leaf it presents and the CA it trusts for client
+    certificates (the dev stack's `DevPki` and the tests' `Pki` both have them)."""
+
+    @property
+    def server(self) -> _KeyPair: ...
+
+    @property
+    def ca_cert_pem(self) -> bytes: ...
 
 
 def method_path(method: str) -> str:
@@ -161,7 +182,7 @@ def _trailers(
 class FakeUpstream:
     """The fake server. Construct, then ``await start()`` (or ``async with``).
 
-    ``tls``: a :class:`tests.support.certs.Pki`; the server presents ``tls.server`` and, with
+    ``tls``: a :class:`ServerTls`; the server presents ``tls.server`` and, with
     ``require_client_auth``, refuses clients without a certificate signed by its CA.
     ``max_concurrent_streams``: SETTINGS_MAX_CONCURRENT_STREAMS the server advertises (read at
     start, so change the attribute and ``restart(drop_connections=True)`` to apply a new one).
@@ -170,7 +191,7 @@ class FakeUpstream:
     def __init__(
         self,
         *,
-        tls: Pki | None = None,
+        tls: ServerTls | None = None,
         require_client_auth: bool = True,
         max_concurrent_streams: int | None = None,
         on_call: Callable[[Call], None] | None = None,
@@ -596,7 +617,7 @@ def _parse_latency(items: list[str]) -> dict[str, float]:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    tls = None
+    tls: ServerTls | None = None
     if args.tls_dir:
         tls = ensure_pki(Path(args.tls_dir))
 
@@ -627,7 +648,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.support.fake_upstream",
+        prog="python -m gateway.devstack.fake_upstream",
         description="A fake Yuzu server (GatewayUpstream) on grpcio, for a dev stack.",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -642,7 +663,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tls-dir",
         help="serve TLS requiring client certificates; the CA and leaves are read "
-        "from DIR (ca.pem, server.pem/.key, client.pem/.key), or created there when absent",
+        "from DIR (ca.pem, server.pem/.key, gateway.pem/.key: the dev stack's), or created "
+        "there when absent",
     )
     parser.add_argument("--max-streams", type=int, help="SETTINGS_MAX_CONCURRENT_STREAMS")
     parser.add_argument("--verbose", action="store_true", help="log every call to stderr")
