@@ -8,9 +8,12 @@
    the upstream actor starts no replay; the held-notification cap is raised by twice the
    sessions held (`RaiseNotifyCap`), so every session's DISCONNECTED fits;
 2. the memory shedder is stopped (nothing resumes the listeners after this), then every agent
-   listener is suspended (`Suspend`: the listen socket closes, established connections stay);
-   the router takes no more commands and those in flight get up to 3 s or 30% of the budget,
-   whichever is less (`StopRouting`);
+   listener is suspended (`Suspend`: the listen socket closes, established connections stay)
+   and drained (`Drain`: each connection gets a graceful HTTP/2 GOAWAY, NO_ERROR, whose debug
+   data says `draining` and a retry time drawn per connection from the stopping hint's range;
+   its open Subscribe runs on, new streams on it are refused); the router takes no more
+   commands and those in flight get up to 3 s or 30% of the budget, whichever is less
+   (`StopRouting`);
 3. every session is ended through its own owner: `agent_sup` is stopped, each owner sends its
    DISCONNECTED (stream home id from its row) and ends its agent's Subscribe UNAVAILABLE with a
    jittered `grpc-retry-pushback-ms`; up to 5 s or 40% of the budget, whichever is less;
@@ -40,7 +43,9 @@ from actors.upstream import NAME as UPSTREAM
 from actors.upstream_notify import FlushDone, FlushNotifications, RaiseNotifyCap
 from actors.upstream_regulator import NAME as REGULATOR
 from gateway.config.keys.listeners import GRPC_LISTENERS
-from gateway.listeners.listener_actor import Suspend, actor_name
+from gateway.listeners.listener_actor import Drain, Suspend, actor_name
+from gateway.listeners.protocol import DRAINING
+from gateway.retry_hint import STOPPING_HINT_MS
 from supervisors.api import SupervisorError, terminate_child
 from supervisors.errors import TableGone
 
@@ -67,7 +72,7 @@ SESSIONS_MAX_S: Final = 5.0
 SESSIONS_SHARE: Final = 0.40
 # Seed, step 1: the held-notification cap is raised by twice the sessions held.
 CAP_PER_SESSION: Final = 2
-# A message to a local actor that answers at once (a listener's Suspend).
+# A message to a local actor that answers at once (a listener's Suspend or Drain).
 _ASK_S: Final = 1.0
 # The flush ends this much before the budget, so its answer arrives inside Node.stop's own bound.
 FLUSH_MARGIN_S: Final = 0.1
@@ -102,7 +107,13 @@ class PlannedStop:
 
     async def _suspend_listeners(self) -> None:
         names = [spec.name for spec in self.ctx.config[GRPC_LISTENERS] if spec.serves_agent]
-        await asyncio.gather(*(self._ask(actor_name(name), Suspend(), _ASK_S) for name in names))
+        await asyncio.gather(*(self._suspend_and_drain(actor_name(name)) for name in names))
+
+    async def _suspend_and_drain(self, listener: str) -> None:
+        await self._ask(listener, Suspend(), _ASK_S)
+        # The GOAWAY goes before the sessions end (step 3), so an agent learns the connection
+        # is going while its Subscribe still runs; its retry time has the streams' hint range.
+        await self._ask(listener, Drain(DRAINING, STOPPING_HINT_MS), _ASK_S)
 
     async def _stop_routing(self, grace_s: float) -> None:
         answer = await self._ask(ROUTER_NAME, StopRouting(grace_s), grace_s + _ASK_S)

@@ -8,6 +8,10 @@
   planned stop use them); each answers with the `ListenerState` now in force. A resume that
   fails (the port was taken, no descriptors) leaves the listener suspended and says why; the
   caller retries.
+- `Drain` sends every connection, established or to come, the graceful GOAWAY (NO_ERROR, the
+  last stream id taken, debug data with the reason and a retry time; server.py, protocol.py):
+  open streams run to their end, new streams are refused. The planned stop sends it right
+  after `Suspend`, before the sessions end; it answers `Drained` with the connections told.
 - The state is published in the protected table `listener:<name>` (row "state") for the
   `listeners` readiness check, which reads it without a message. The table dies with the
   actor, so a listener that crashed reads as not running until its successor is up.
@@ -61,6 +65,23 @@ class Suspend:
 @attrs.frozen
 class Resume:
     """Bind the listen socket again, on the same port."""
+
+
+@attrs.frozen
+class Drain:
+    """The graceful GOAWAY on every connection (module doc). Each connection's retry time is
+    drawn from `retry_after_ms` (low, high, both included)."""
+
+    reason: str
+    retry_after_ms: tuple[int, int]
+
+
+@attrs.frozen
+class Drained:
+    """The answer to `Drain`: the connections the GOAWAY was sent on."""
+
+    name: str
+    connections: int
 
 
 @attrs.frozen
@@ -137,6 +158,8 @@ class ListenerActor(Process):
                 self.send(sender, self._suspend())
             case Resume():
                 self.send(sender, self._resume())
+            case Drain(reason=reason, retry_after_ms=retry_after_ms):
+                self.send(sender, self._drain(reason, retry_after_ms))
             case GetState():
                 self.send(sender, self.table[STATE_ROW])
             case WorkerDone(tag=tag, error=error) if tag == _ACCEPT and error is not None:
@@ -169,6 +192,17 @@ class ListenerActor(Process):
         log.info("gRPC listener %s resumed on %s:%d", self.spec.name, *self.address)
         return self._publish(RUNNING)
 
+    def _drain(self, reason: str, retry_after_ms: tuple[int, int]) -> Drained:
+        told = self.server.drain(reason, retry_after_ms)
+        log.info(
+            "gRPC listener %s draining (%s): GOAWAY sent on %d connection(s); new streams"
+            " refused, open ones run to their end",
+            self.spec.name,
+            reason,
+            told,
+        )
+        return Drained(self.spec.name, told)
+
     def _publish(self, state: State) -> ListenerState:
         row = ListenerState(self.spec.name, state, self.address, self.spec.serves_agent)
         self.table.insert(STATE_ROW, row)
@@ -181,6 +215,7 @@ class ListenerActor(Process):
         return {
             "listener": self.spec.name,
             "state": RUNNING if self.server.accepting else SUSPENDED,
+            "draining": self.server.draining,
             "port": self.address[1],
             "connections": self.server.connections,
             "max_connections": self.spec.limits.max_connections,

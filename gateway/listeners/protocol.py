@@ -22,17 +22,24 @@ What this adds to grpclib's `H2Protocol` and `Handler`, each where grpclib leave
 - Per call: the origin of each RPC stream is decided (`origin.attribute`), counted when a
   claim is not used, and set with the connection in the `CURRENT_CALL` context variable of
   the stream's task (`connection.current_call()`).
+- Graceful GOAWAY (`go_away`, the planned stop's drain): a GOAWAY frame with NO_ERROR, the
+  highest stream id taken as its last stream id and debug data naming the reason and a retry
+  time (`goaway_debug`). It is written to the transport as frame bytes, because h2's
+  `close_connection` would forbid every later frame, and the streams open now must still send
+  their messages and trailers. h2 goes on accepting streams the client opens after it, so
+  each is reset REFUSED_STREAM before grpclib sees it (the client may retry it elsewhere).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import socket
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from grpclib.config import Configuration
@@ -41,9 +48,16 @@ from grpclib.server import Handler, request_handler
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
-from h2.events import DataReceived, RemoteSettingsChanged, SettingsAcknowledged, StreamReset
-from h2.exceptions import ProtocolError
+from h2.events import (
+    DataReceived,
+    RemoteSettingsChanged,
+    RequestReceived,
+    SettingsAcknowledged,
+    StreamReset,
+)
+from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
 
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_settings import compact
@@ -67,6 +81,15 @@ _WINDOW = 4 * 1024 * 1024
 _H2_MIN_WINDOW = 65_535
 # h2's default: header blocks beyond this are refused by HPACK before any handler runs.
 _MAX_HEADER_LIST_SIZE = 65_536
+# The reason of the planned stop's graceful GOAWAY (seed 001: a go-away says DRAINING on shutdown).
+DRAINING = "draining"
+
+
+def goaway_debug(reason: str, retry_after_ms: int) -> bytes:
+    """The debug data of a graceful GOAWAY, as seed 001's go-away carries them: the reason and
+    when to come back, as ASCII `reason=<reason> retry_after_ms=<ms>` (HTTP/2 clients log
+    debug data as text)."""
+    return f"reason={reason} retry_after_ms={retry_after_ms}".encode("ascii")
 
 
 @attrs.frozen
@@ -140,6 +163,8 @@ class ListenerProtocol(H2Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._cancels = 0
         self._cancel_window = 0.0
+        # The last stream id of the graceful GOAWAY sent, once sent: streams above it are refused.
+        self._drained: int | None = None
         # The origin is decided once per connection where it cannot change per stream.
         self._trusted = policy.mode is not Mode.TRANSPORT and policy.sources.trusts(info.peer)
         if policy.mode is Mode.PROXY_PROTOCOL:
@@ -198,8 +223,12 @@ class ListenerProtocol(H2Protocol):
             return
         self.connection.flush()
         streams = self.processor.streams
+        drained = self._drained
         for event in events:
             kind = type(event)
+            if drained is not None and getattr(event, "stream_id", 0) > drained:
+                self._refuse(event)
+                continue
             if kind is RemoteSettingsChanged or kind is SettingsAcknowledged:
                 _compact_settings(self._h2)
             if kind is DataReceived and event.stream_id not in streams:
@@ -246,11 +275,43 @@ class ListenerProtocol(H2Protocol):
         self._killed = True
         if self._h2 is not None and not self._transport.is_closing():
             try:
-                self._h2.close_connection(error_code=code)
+                # After a graceful GOAWAY the last stream id must not grow (RFC 9113 6.8), and
+                # h2 counts the streams it refused since.
+                self._h2.close_connection(error_code=code, last_stream_id=self._drained)
                 self.connection.flush()
             except Exception:  # the connection may already be broken; closing is what counts
                 log.debug("gRPC listener %s: GOAWAY not sent", self.policy.listener)
         self._transport.close()
+
+    def go_away(self, debug: bytes) -> bool:
+        """The graceful GOAWAY (module doc): the streams open now run to their end, new ones
+        are refused. False when the connection is closing or has had its GOAWAY already."""
+        transport, h2 = self._transport, self._h2
+        if self._killed or self._drained is not None or h2 is None or transport is None:
+            return False
+        if transport.is_closing():
+            return False
+        self.connection.flush()  # what h2 holds goes out before the GOAWAY
+        last = h2.highest_inbound_stream_id
+        frame = GoAwayFrame(
+            0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR, additional_data=debug
+        )
+        # A stream transport (uvloop's do not subclass asyncio's, hence the cast).
+        cast("asyncio.WriteTransport", transport).write(frame.serialize())
+        self._drained = last
+        return True
+
+    def _refuse(self, event: Any) -> None:
+        """An event of a stream opened after the graceful GOAWAY: the stream is reset
+        REFUSED_STREAM and its data acknowledged, so the connection's window does not shrink."""
+        kind = type(event)
+        if kind is RequestReceived:
+            assert self._h2 is not None  # a GOAWAY was sent, so the connection was made
+            # The client may have reset it already, later in the same read.
+            with contextlib.suppress(StreamClosedError):
+                self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
+        elif kind is DataReceived:
+            self.connection.ack(event.stream_id, event.flow_controlled_length)
 
     def _idle_check(self) -> None:
         assert self.policy.idle_timeout_s is not None

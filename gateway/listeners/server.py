@@ -5,8 +5,9 @@ dispatch, the HTTP/2 configuration) but not for its sockets: `Server.start` leav
 to asyncio, which can neither stop accepting at `max_connections` nor read a PROXY header
 before a TLS handshake. So:
 
-- `bind()` opens the listen socket (SO_REUSEADDR, and SO_REUSEPORT so that several nodes on
-  one host share the port, the kernel pinning each connection to one node) with a backlog of
+- `bind()` opens the listen socket (SO_REUSEADDR, and SO_REUSEPORT when `YUZU_GW_REUSEPORT=1`,
+  which the release supervisor sets on each node of a multi-node host so that they share the
+  port, the kernel pinning each connection to one node; docs/multinode.md) with a backlog of
   4096 (seed: "the gateway asks for a listen backlog of 4096").
 - `serve()` is the accept loop. At `max_connections` (connections being set up included) it
   stops accepting: new connections wait in the kernel's backlog while established ones are
@@ -17,6 +18,10 @@ before a TLS handshake. So:
 - `suspend()` closes the listen socket: a new connection is refused at once and ones the
   kernel had queued are reset; established connections are untouched. `bind()` again resumes
   on the same port. `close()` also ends every connection.
+- `drain()` sends the graceful GOAWAY (`ListenerProtocol.go_away`) on every established
+  connection, and on each one established after it, for as long as the listener lives: open
+  streams run to their end, new streams are refused. Each connection's debug data carries its
+  own retry time, drawn from the range given, so a fleet told together comes back spread.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
+import random
 import socket
 import ssl
 from collections.abc import Callable, Collection
@@ -36,7 +43,12 @@ from grpclib.server import Server
 from gateway.listeners.connection import ConnectionInfo, next_key
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.origin import Claim, Mode, peer_address
-from gateway.listeners.protocol import ConnectionPolicy, ListenerHandler, ListenerProtocol
+from gateway.listeners.protocol import (
+    ConnectionPolicy,
+    ListenerHandler,
+    ListenerProtocol,
+    goaway_debug,
+)
 from gateway.listeners.proxy_header import (
     V1_MAX,
     V1_PREFIX,
@@ -54,6 +66,10 @@ from gateway.listeners.tls import server_context
 log = logging.getLogger("yuzu_gw.listeners")
 
 BACKLOG = 4096
+# Set to 1 by the release supervisor on every node of a multi-node host (rel/yuzu_gw start
+# --nodes N): the nodes share the listener ports. Unset, a second node on the port fails to
+# bind rather than silently taking part of the connections.
+REUSEPORT_VAR = "YUZU_GW_REUSEPORT"
 PROXY_HEADER_TIMEOUT_S = 1.0
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # Out of descriptors (or kernel memory): the socket stays readable, so accepting again at
@@ -63,6 +79,8 @@ _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # A connection that died between the kernel's accept and ours: nothing to do but go on.
 _TRANSIENT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
 _EXHAUSTED_LOG_INTERVAL_S = 60.0
+# Not for security: the retry times only have to differ between connections.
+_RANDOM = random.Random()
 
 
 class Routes:
@@ -132,6 +150,8 @@ class ListenerServer:
         self._slot_freed: asyncio.Event | None = None
         self._setups: set[asyncio.Task[None]] = set()
         self._live: set[ListenerProtocol] = set()
+        # (reason, retry range in ms) once `drain` was called.
+        self._draining: tuple[str, tuple[int, int]] | None = None
         self._exhausted_logged_at = -_EXHAUSTED_LOG_INTERVAL_S
         self.address: tuple[str, int] | None = None
 
@@ -149,6 +169,23 @@ class ListenerServer:
     def live(self) -> list[ListenerProtocol]:
         return list(self._live)
 
+    @property
+    def draining(self) -> bool:
+        return self._draining is not None
+
+    # -- the graceful GOAWAY --------------------------------------------------------------
+
+    def drain(self, reason: str, retry_after_ms: tuple[int, int]) -> int:
+        """The graceful GOAWAY on every established connection and on each one established
+        from now on (module doc); returns how many connections it was sent on now."""
+        self._draining = (reason, retry_after_ms)
+        return sum(self._go_away(protocol) for protocol in list(self._live))
+
+    def _go_away(self, protocol: ListenerProtocol) -> bool:
+        assert self._draining is not None
+        reason, (low, high) = self._draining
+        return protocol.go_away(goaway_debug(reason, _RANDOM.randint(low, high)))
+
     # -- the listen socket ----------------------------------------------------------------
 
     def bind(self) -> tuple[str, int]:
@@ -159,7 +196,7 @@ class ListenerServer:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if hasattr(socket, "SO_REUSEPORT"):
+            if os.environ.get(REUSEPORT_VAR) == "1" and hasattr(socket, "SO_REUSEPORT"):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((ip, self._port))
             sock.listen(BACKLOG)
@@ -296,6 +333,8 @@ class ListenerServer:
 
     def _made(self, protocol: ListenerProtocol) -> None:
         self._live.add(protocol)
+        if self._draining is not None:
+            self._go_away(protocol)
 
     def _lost(self, protocol: ListenerProtocol) -> None:
         self._live.discard(protocol)

@@ -23,14 +23,14 @@ import pytest
 from actors.owner_table import owner_row
 from actors.stop_messages import RoutingStopped, StopAdmitting, StopRouting
 from gateway.boot import prepare
+from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION
+from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node import Node
 from gateway.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration.test_agent_plane import Agent, until
 from tests.integration.test_owner_recovery import route
 from tests.integration.test_server_restart import CONNECTED, DISCONNECTED, NOTIFY, fleet
-from tests.support.fake_upstream import SESSION_METADATA_KEY as SESSION
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.node import TEST_CONFIG, http_get, node_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
