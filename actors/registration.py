@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from actors.core.reservations import ConnKey
 from actors.registry_messages import (
@@ -51,6 +51,8 @@ __all__ = [
 RESERVE_TIMEOUT_S = 5.0
 
 _request_ids = itertools.count(1)
+# What a registry call failure may be named by in a log line.
+ExitClass = Literal["noproc", "timeout", "other"]
 
 
 def new_request_id() -> int:
@@ -59,7 +61,13 @@ def new_request_id() -> int:
 
 
 class RegistryUnavailable(Exception):
-    """The registry is not running, ended while asked, or did not answer in time (INTERNAL)."""
+    """The registry is not running, ended while asked, or did not answer in time (INTERNAL).
+    `exit_class` is all the Register handler's warning may name of it (seed: the safe-call
+    warning names "only the class of the exit (noproc, timeout or other)")."""
+
+    def __init__(self, why: str, exit_class: ExitClass = "other") -> None:
+        super().__init__(why)
+        self.exit_class: ExitClass = exit_class
 
 
 class SlotRefused(Exception):
@@ -121,7 +129,7 @@ async def reserve_slot(
 ) -> AsyncIterator[RegistrySlot]:
     registry = registry_address(runtime)
     if registry is None:
-        raise RegistryUnavailable("no registry")
+        raise RegistryUnavailable("no registry", "noproc")
     request_id = new_request_id()
     try:
         answer = await _ask(runtime, registry, Reserve(request_id, conn_key, agent_id), timeout)
@@ -145,6 +153,10 @@ async def _ask(
 ) -> object:
     try:
         answer = await runtime.ask(registry, message, timeout)
-    except (NoProc, ActorExited, TimeoutError) as exc:
-        raise RegistryUnavailable(type(exc).__name__) from None
+    except NoProc:
+        raise RegistryUnavailable("NoProc", "noproc") from None
+    except TimeoutError:
+        raise RegistryUnavailable("TimeoutError", "timeout") from None
+    except ActorExited:
+        raise RegistryUnavailable("ActorExited") from None
     return answer

@@ -11,6 +11,8 @@ admission" > Observability, "Known limits"; SPEC_INDEX M03-M08):
 - `yuzu_gw_inventory_rejected_total{reason}` (the four admission reasons): an inventory report
   refused admission;
 - `yuzu_gw_agents_connected_total`: a Subscribe whose owner started (each agent connect);
+- `yuzu_gw_agents_disconnected_total`: such a stream ended, however it ended (once for each
+  connect, so `connected - disconnected` is the streams open now);
 - `yuzu_gw_agents_current`: read at scrape time from the registry's `agents` table.
 
 Every labelled series exists from the start at 0, so an `increase()` or a rate alert sees a
@@ -53,6 +55,7 @@ class AgentMetrics:
     heartbeat_session_mismatch: Counter
     inventory_rejected: Counter
     agents_connected: Counter
+    agents_disconnected: Counter
     agents_current: Gauge
 
     def heartbeat_refused(self, reason: AdmissionReason) -> None:
@@ -96,6 +99,11 @@ def _create(registry: CollectorRegistry, agents_held: Callable[[], int]) -> Agen
         agents_connected=Counter(
             "yuzu_gw_agents_connected",
             "Agent Subscribe streams whose owner started (each agent connect).",
+            registry=registry,
+        ),
+        agents_disconnected=Counter(
+            "yuzu_gw_agents_disconnected",
+            "Agent Subscribe streams counted in agents_connected that ended (each disconnect).",
             registry=registry,
         ),
         agents_current=Gauge(

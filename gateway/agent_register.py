@@ -52,7 +52,13 @@ from gateway.upstream.calls import UpstreamRefused
 from gateway.upstream.methods import PROXY_REGISTER
 from protos.yuzu.agent.v1 import agent_pb2
 
-__all__ = ["MAX_AGENT_ID_BYTES", "UNOBSERVED_PEER", "register", "remaining_s"]
+__all__ = [
+    "MAX_AGENT_ID_BYTES",
+    "REGISTRY_UNAVAILABLE_LOG",
+    "UNOBSERVED_PEER",
+    "register",
+    "remaining_s",
+]
 
 log = logging.getLogger("yuzu_gw.agent")
 
@@ -62,6 +68,8 @@ MAX_AGENT_ID_BYTES = 256
 # What the session keeps as its peer when the listener had no observation (seed: peer_addr is
 # "unknown when the listener had no observation for the registration").
 UNOBSERVED_PEER = "unknown"
+# The seed's safe-call warning (L53): the class of the failure only (noproc, timeout, other).
+REGISTRY_UNAVAILABLE_LOG = "Register: the registry call failed ({cls}); answered INTERNAL"
 
 
 def remaining_s(stream: Stream[object, object]) -> float | None:
@@ -101,8 +109,12 @@ async def register(
     except SlotRefused as refused:
         # cap, or a connection already going down: either way the agent comes back.
         raise session_refused("Register", refused.reason) from None
-    except RegistryUnavailable:
-        # S09: a registry that cannot be reached (or a row lost with its restart).
+    except RegistryUnavailable as unavailable_registry:
+        # S09: a registry that cannot be reached (or a row lost with its restart). L53: one
+        # line a second for the called process, naming only the class of the failure.
+        plane.warn(
+            "registry_call", REGISTRY_UNAVAILABLE_LOG.format(cls=unavailable_registry.exit_class)
+        )
         raise internal("Register failed: registry_unavailable") from None
     await stream.send_message(response)
 

@@ -85,7 +85,11 @@ async def subscribe(plane: AgentPlane, stream: AgentStream) -> None:
     )
     owner = await _start_owner(plane, args)
     plane.metrics.agents_connected.inc()
-    await _StreamProcess(plane, stream, handle, session_id, owner).run()
+    try:
+        await _StreamProcess(plane, stream, handle, session_id, owner).run()
+    finally:
+        # Once per counted connect, whichever side ended the stream (or a planned stop).
+        plane.metrics.agents_disconnected.inc()
 
 
 async def _take(plane: AgentPlane, session_id: str, key: Any) -> Taken:
