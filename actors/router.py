@@ -10,7 +10,10 @@ A permanent child of `gateway_sup`, after `agent_sup`. For each SendCommand the 
    when there are none, each through the registry's `agents_by_id` table (two lookups, no
    message). A target not held here, or whose owner is gone, is answered FAILURE
    `not_connected`; a target that this router already has the same command id in flight to is
-   answered FAILURE `duplicate_command_id` and not sent again;
+   answered FAILURE `duplicate_command_id` and not sent again. With peers connected (the cluster,
+   actors/cluster.py), a target not held here is handed to the `cluster` actor instead, which
+   asks the peers and answers for it as an owner would (docs/cluster.md); a peer's forwarded
+   command (`LocalRouteCommand`) is never forwarded again;
 3. sends each held target's owner one `DeliverCommand` (the same message, the command untouched)
    with itself as `reply_to` and the command's deadline;
 4. streams every `CommandAnswer` into the handler's sink as it arrives (RUNNING frames
@@ -48,6 +51,7 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.agent_messages import DeliverCommand
+from actors.cluster_messages import ForwardCommand, LocalRouteCommand
 from actors.core.command_fanout import (
     CommandFanout,
     Done,
@@ -67,6 +71,7 @@ from actors.router_messages import (
 )
 from actors.sessions import agent_session, held_agent_ids
 from actors.stop_messages import RoutingStopped, StopRouting
+from gateway.cluster.peers import cluster_route
 from gateway.config.keys.router import DEFAULT_COMMAND_TIMEOUT_S
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
@@ -240,6 +245,10 @@ class Router(Process):
         # dispatch_tag included, and is not copied per agent.
         deliver = DeliverCommand(command, self.myAddress, now + resolved.seconds)
         runtime = self.runtime
+        # With peers connected, a target not held here goes to the `cluster` actor, which asks
+        # them (actors/cluster.py); alone, or for a peer's forwarded command, it is not_connected.
+        cluster = None if isinstance(msg, LocalRouteCommand) else cluster_route(runtime)
+        remote: list[str] = []
         effects: list[Effect] = []
         for agent_id in fanout.targets:
             key = (agent_id, command_id)
@@ -248,11 +257,19 @@ class Router(Process):
                 continue
             row = agent_session(runtime, agent_id)
             if row is None or not runtime.is_alive(row.owner):
-                effects += fanout.refused(agent_id, NOT_CONNECTED)
+                if cluster is None:
+                    effects += fanout.refused(agent_id, NOT_CONNECTED)
+                    continue
+                fanout.dispatched(agent_id, cluster)
+                self._routes[key] = flight
+                remote.append(agent_id)
                 continue
             fanout.dispatched(agent_id, row.owner)
             self._routes[key] = flight
             self.send(row.owner, deliver)
+        if remote and cluster is not None:
+            deadline = now + resolved.seconds
+            self.send(cluster, ForwardCommand(command, tuple(remote), deadline, self.myAddress))
         effects += fanout.routed()
         self._apply(flight, effects)
         if not fanout.done:

@@ -114,6 +114,8 @@ SEED_FAMILIES: Final[Mapping[str, str]] = {
     "yuzu_gw_cert_expiry_timestamp_seconds": "M52",
     "yuzu_gw_cert_file_readable": "M53",
     "yuzu_gw_agent_owner_restarts_total": "M54",
+    "yuzu_gw_cluster_peers_resolved": "M55",
+    "yuzu_gw_cluster_peers_connected": "M56",
 }
 # Seed names this gateway exports under another name, and why.
 RENAMED: Final[Mapping[str, tuple[str, str]]] = {
@@ -123,15 +125,7 @@ RENAMED: Final[Mapping[str, tuple[str, str]]] = {
     ),
 }
 # Families the seed or issue 10 names whose behaviour does not exist yet: (ref, what brings it).
-NOT_YET_EXPORTED: Final[Mapping[str, tuple[str, str]]] = {
-    "yuzu_gw_cluster_peers_resolved": ("M55", "issue 9 (cluster discovery)"),
-    "yuzu_gw_cluster_peers_connected": ("M56", "issue 9 (cluster distribution)"),
-    "yuzu_gw_agents_disconnected_total": (
-        "issue 10",
-        "the agent plane (gateway/agent_subscribe.py: one count where a Subscribe stream whose"
-        " owner started ends)",
-    ),
-}
+NOT_YET_EXPORTED: Final[Mapping[str, tuple[str, str]]] = {}
 # Named by the seed as planned and superseded; never to be exported.
 SUPERSEDED: Final[Mapping[str, str]] = {
     "yuzu_gw_cluster_nodes": "M57, superseded by yuzu_gw_cluster_peers_connected (size = it + 1)",
@@ -266,7 +260,9 @@ def render_catalogue(found: Iterable[Family]) -> str:
     lines += ["", "Seed families exported under another name:", ""]
     lines += [f"- `{old}`: `{new}` ({why})." for old, (new, why) in RENAMED.items()]
     lines += ["", "Not yet exported (the behaviour behind them does not exist yet):", ""]
-    lines += [f"- `{n}` ({ref}): {what}." for n, (ref, what) in NOT_YET_EXPORTED.items()]
+    lines += [f"- `{n}` ({ref}): {what}." for n, (ref, what) in NOT_YET_EXPORTED.items()] or [
+        "- none."
+    ]
     lines += ["", "Never exported:", ""]
     lines += [f"- `{n}`: {why}." for n, why in SUPERSEDED.items()]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,11 @@
 - **GetAgent**: the agent's summary and its plugins (as its Register described them), or
   NOT_FOUND when this node does not hold it.
 
+In a cluster both cover every node (docs/cluster.md): ListAgents merges each node's page after
+the same cursor (an agent two nodes hold is listed once), GetAgent asks the peers when this node
+does not hold the agent; a peer that does not answer in time is left out. `local=True` is a
+peer's own call, answered from this node's agents only.
+
 Both answer UNAVAILABLE, with a retry hint, while the registry is not running (its tables are gone
 with it).
 
@@ -32,6 +37,8 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.sessions import AGENTS_BY_ID, AgentRow, agent_session, held_agent_ids
+from gateway.cluster.peers import connected_links
+from gateway.cluster.remote import merge_pages, peer_agent, peer_pages
 from gateway.mgmt_plane import MgmtPlane, receive
 from gateway.retry_hint import HintedRefusal, RefusalKind
 from protos.yuzu.common.v1 import common_pb2
@@ -82,25 +89,33 @@ def _summary(row: AgentRow, now_ms: int) -> management_pb2.AgentSummary:
 async def list_agents(
     plane: MgmtPlane,
     stream: Stream[management_pb2.ListAgentsRequest, management_pb2.ListAgentsResponse],
+    *,
+    local: bool = False,
 ) -> None:
     request = await receive(stream)
     runtime = plane.runtime
     ids = held_agent_ids(runtime)
     if ids is None:
         raise HintedRefusal(RefusalKind.RESTARTING, REGISTRY_UNAVAILABLE_DETAILS)
-    chosen, next_cursor = page(ids, request.cursor, page_limit(request.limit))
+    limit = page_limit(request.limit)
+    chosen, next_cursor = page(ids, request.cursor, limit)
     now_ms = int(time.time() * 1000)
     answer = management_pb2.ListAgentsResponse(next_cursor=next_cursor)
     for agent_id in chosen:
         row = agent_session(runtime, agent_id)
         if row is not None:
             answer.agents.append(_summary(row, now_ms))
+    links = [] if local else connected_links(runtime)
+    if links:
+        answer = merge_pages([answer, *await peer_pages(links, request)], limit)
     await stream.send_message(answer)
 
 
 async def get_agent(
     plane: MgmtPlane,
     stream: Stream[management_pb2.GetAgentRequest, management_pb2.GetAgentResponse],
+    *,
+    local: bool = False,
 ) -> None:
     request = await receive(stream)
     runtime = plane.runtime
@@ -108,7 +123,12 @@ async def get_agent(
         raise HintedRefusal(RefusalKind.RESTARTING, REGISTRY_UNAVAILABLE_DETAILS)
     row = agent_session(runtime, request.agent_id)
     if row is None:
-        raise GRPCError(Status.NOT_FOUND, NOT_HELD_DETAILS)
+        links = [] if local else connected_links(runtime)
+        found = await peer_agent(links, request) if links else None
+        if found is None:
+            raise GRPCError(Status.NOT_FOUND, NOT_HELD_DETAILS)
+        await stream.send_message(found)
+        return
     answer = management_pb2.GetAgentResponse(summary=_summary(row, int(time.time() * 1000)))
     if row.info is not None:
         answer.plugins.extend(row.info.plugins)

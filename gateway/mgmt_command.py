@@ -8,6 +8,7 @@ what the router puts in the sink to the operator's stream until the router finis
 | `command.command_id` empty | INVALID_ARGUMENT, nothing sent to any agent |
 | no router running (it is restarting) | UNAVAILABLE "command router unavailable", retry hint |
 | each target | its frames as they arrive, RUNNING included, then one terminal answer |
+| in a cluster, a target another node holds | the same, through that node (docs/cluster.md) |
 | every target answered terminally, or the timeout | the stream ends OK |
 | the router ends with the command in flight | what was queued, then UNAVAILABLE |
 
@@ -39,8 +40,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from actors.cluster_messages import LocalRouteCommand
 from actors.router import ROUTER_NAME
-from actors.router_messages import AbandonCommand, ResponseKind, RouteCommand
+from actors.router_messages import NOT_CONNECTED, AbandonCommand, ResponseKind, RouteCommand
+from actors.sessions import held_agent_ids
+from gateway.cluster.peers import connected_links
+from gateway.cluster.remote import cluster_held_ids
 from gateway.mgmt_metrics import CommandOutcome, MgmtMetrics
 from gateway.mgmt_plane import MgmtPlane, receive
 from gateway.retry_hint import HintedRefusal, RefusalKind
@@ -84,6 +89,7 @@ class OperatorSink:
         "_counts",
         "_dropped",
         "_frames",
+        "_not_held_bare",
         "_on_end",
         "_progress",
         "_progress_max",
@@ -92,7 +98,12 @@ class OperatorSink:
         "outcome",
     )
 
-    def __init__(self, metrics: MgmtMetrics, progress_max: int = PROGRESS_QUEUE_MAX) -> None:
+    def __init__(
+        self,
+        metrics: MgmtMetrics,
+        progress_max: int = PROGRESS_QUEUE_MAX,
+        not_held_bare: bool = False,
+    ) -> None:
         self._frames: collections.deque[tuple[management_pb2.SendCommandResponse, bool]] = (
             collections.deque()
         )
@@ -100,6 +111,9 @@ class OperatorSink:
         self._progress_max = progress_max
         self._counts = metrics.responses
         self._dropped = metrics.progress_dropped
+        # A peer's forwarded command: a target not held here is written as a response with no
+        # `response` field, which the forwarding node tells from any agent's answer.
+        self._not_held_bare = not_held_bare
         self._waiter: asyncio.Future[None] | None = None
         self._on_end: asyncio.Timeout | None = None
         # How the router ended it, or the class of the router's failure.
@@ -123,6 +137,8 @@ class OperatorSink:
                 return
             self._progress += 1
         self._counts.labels(kind).inc()
+        if self._not_held_bare and kind == NOT_CONNECTED:
+            response = management_pb2.SendCommandResponse(agent_id=response.agent_id)
         self._frames.append((response, final))
         self._wake()
 
@@ -177,7 +193,8 @@ class OperatorSink:
             waiter.set_result(None)
 
 
-async def send_command(plane: MgmtPlane, stream: CommandStream) -> None:
+async def send_command(plane: MgmtPlane, stream: CommandStream, *, local: bool = False) -> None:
+    """An operator's command (`local`: a peer's forwarded command, for this node's agents)."""
     request = await receive(stream)
     metrics = plane.metrics
     command = request.command
@@ -190,14 +207,17 @@ async def send_command(plane: MgmtPlane, stream: CommandStream) -> None:
         metrics.commands.labels("unavailable").inc()
         plane.warn(("router", "noproc"), _NOT_RUNNING_LOG, "noproc")
         raise HintedRefusal(RefusalKind.RESTARTING, ROUTER_UNAVAILABLE_DETAILS)
-    sink = OperatorSink(metrics)
+    agent_ids = tuple(request.agent_ids)
+    links = [] if local or agent_ids else connected_links(runtime)
+    if links:
+        # A broadcast in a cluster: every node's agents, named (docs/cluster.md).
+        agent_ids = (*(held_agent_ids(runtime) or ()), *await cluster_held_ids(links))
+    sink = OperatorSink(metrics, not_held_bare=local)
     # Watched for the whole stream: a router that dies (or was already gone: the callback runs
     # at once) ends it UNAVAILABLE.
     monitor = runtime.monitor_callback(router, sink.router_down)
-    runtime.tell(
-        router,
-        RouteCommand(command, tuple(request.agent_ids), request.timeout_seconds, sink),
-    )
+    route = LocalRouteCommand if local else RouteCommand
+    runtime.tell(router, route(command, agent_ids, request.timeout_seconds, sink))
     metrics.in_flight.inc()
     outcome: CommandOutcome = "abandoned"
     try:

@@ -3,11 +3,14 @@ gateway/watch_events.py).
 
 The watcher is registered before the response headers go out, so an operator that has read them
 misses no later event; the stream then runs until the operator ends it or its connection closes.
-No watcher table (a tree without the root supervisor) is UNAVAILABLE.
+No watcher table (a tree without the root supervisor) is UNAVAILABLE. In a cluster the watcher
+also gets the events of every connected peer's agents (gateway/cluster/remote.py `relay_watch`;
+`local=True` is a peer's own watch, of this node's agents only).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 
@@ -15,6 +18,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from gateway.cluster.remote import relay_watch
 from gateway.mgmt_plane import MgmtPlane, receive
 from gateway.watch_events import WATCHERS_TABLE, Watcher
 from protos.yuzu.server.v1 import management_pb2
@@ -28,7 +32,7 @@ _keys = itertools.count(1)
 WatchStream = Stream[management_pb2.WatchEventsRequest, management_pb2.AgentEvent]
 
 
-async def watch_events(plane: MgmtPlane, stream: WatchStream) -> None:
+async def watch_events(plane: MgmtPlane, stream: WatchStream, *, local: bool = False) -> None:
     request = await receive(stream)
     table = plane.runtime.table(WATCHERS_TABLE)
     if table is None:
@@ -37,11 +41,14 @@ async def watch_events(plane: MgmtPlane, stream: WatchStream) -> None:
     key = next(_keys)
     table.insert(key, watcher)
     plane.metrics.watchers.inc()
+    relay = None if local else asyncio.create_task(relay_watch(plane.runtime, request, watcher))
     try:
         await stream.send_initial_metadata()
         while True:
             await stream.send_message(await watcher.next())
     finally:
+        if relay is not None:
+            relay.cancel()
         plane.metrics.watchers.dec()
         with contextlib.suppress(TableGone):
             table.delete(key)

@@ -148,8 +148,8 @@ def test_an_alert_on_a_family_the_gateway_does_not_export_is_caught(
         + """
   - name: rogue
     rules:
-      - alert: YuzuGatewayClusterPeersLost
-        expr: yuzu_gw_cluster_peers_connected == 0
+      - alert: YuzuGatewayClusterShrunk
+        expr: yuzu_gw_cluster_nodes < 2
         for: 1m
         labels:
           severity: critical
@@ -159,9 +159,8 @@ def test_an_alert_on_a_family_the_gateway_does_not_export_is_caught(
 """
     )
     exprs = [rule["expr"] for rule in alerts(load_rules(rogue))]
-    assert list(unexported(exprs, exported_series).values()) == [
-        {"yuzu_gw_cluster_peers_connected"}
-    ]
+    # yuzu_gw_cluster_nodes: superseded in the seed, never exported (gateway/metrics_docs.py).
+    assert list(unexported(exprs, exported_series).values()) == [{"yuzu_gw_cluster_nodes"}]
 
 
 def test_metric_names_leaves_out_functions_labels_ranges_and_keywords() -> None:

@@ -4,11 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.converters import HostList, HostName, IntRange, Utf8Text
+import attrs
+
+from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, parse_seed
+from gateway.config.converters import BadValue, HostList, HostName, IntRange, Utf8Text, text_of
 from gateway.config.env import env_comma_list, env_integer, env_utf8_text
-from gateway.config.schema import EnvOverride, Key, Refuse
+from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse
+from gateway.config.terms import Term
 
 AREA = "cluster"
+
+
+@attrs.frozen
+class SeedList:
+    """`cluster_seed_nodes`: HostList's entries, each of which may also carry a port."""
+
+    expected: str = (
+        "a list of peer addresses host or host:port (binaries, strings or {A,B,C,D}),"
+        " the host a name or an IPv4 address"
+    )
+
+    def __call__(self, term: Term) -> tuple[str, ...]:
+        if not isinstance(term, list):
+            raise BadValue(self.expected)
+        entries: list[str] = []
+        for item in term:
+            if isinstance(item, tuple):  # {A,B,C,D}
+                entries.extend(HostList(self.expected)([item]))
+                continue
+            text = text_of(item, self.expected)
+            HostName(self.expected)(text.partition(":")[0])
+            try:
+                parse_seed(text, DEFAULT_CLUSTER_PORT)
+            except ValueError:
+                raise BadValue(self.expected) from None
+            entries.append(text)
+        return tuple(entries)
+
 
 CLUSTER_ID: Key[str] = Key(
     name="cluster_id",
@@ -40,9 +72,10 @@ CLUSTER_SEED_DNS_NAME: Key[str] = Key(
 CLUSTER_SEED_NODES: Key[tuple[str, ...]] = Key(
     name="cluster_seed_nodes",
     default=[],
-    convert=HostList(),
+    convert=SeedList(),
     read_when="start of cluster discovery",
-    doc="Explicit peer addresses; when non-empty they replace DNS discovery (never merged).",
+    doc="Explicit peer addresses, each host or host:port (the port defaults to cluster_port);"
+    " when non-empty they replace DNS discovery (never merged).",
     area=AREA,
     env=EnvOverride("YUZU_GW_SEED_NODES", env_comma_list, "a comma list, e.g. 10.0.0.1,10.0.0.2"),
     our_choices=("valid values", "bad value"),
@@ -70,6 +103,18 @@ CLUSTER_MAX_LIFETIME_ADDRS: Key[int] = Key(
     our_choices=("valid values", "bad value"),
 )
 
+CLUSTER_PORT: Key[int] = Key(
+    name="cluster_port",
+    default=DEFAULT_CLUSTER_PORT,
+    convert=IntRange(0, 65535),
+    read_when="start of cluster discovery",
+    doc="TCP port of the inter-node transport, bound on the node name's host only (the"
+    " advertise address); also the port of a seed entry or DNS record that names none."
+    " 0 asks for a free port (tests).",
+    area=AREA,
+    origin=NameOrigin.OURS,
+)
+
 HASH_RING_VNODES: Key[int] = Key(
     name="hash_ring_vnodes",
     default=256,
@@ -86,5 +131,6 @@ KEYS: tuple[Key[Any], ...] = (
     CLUSTER_SEED_NODES,
     CLUSTER_REDIAL_INTERVAL_MS,
     CLUSTER_MAX_LIFETIME_ADDRS,
+    CLUSTER_PORT,
     HASH_RING_VNODES,
 )

@@ -1,0 +1,358 @@
+"""`cluster`: membership, the inter-node transport and the forwarding of commands (seed:
+"Gateway Clustering"; docs/cluster.md).
+
+A permanent child of `gateway_sup`, after the router. It
+
+1. serves `ClusterService` (gateway/cluster/transport.py) on `cluster_port` of the node name's
+   host, the advertise address, and nowhere else; a port it cannot bind is logged and tried
+   again every round: the node serves alone meanwhile (fail-open);
+2. runs the membership rounds of gateway/cluster/membership.py every
+   `cluster_redial_interval_ms`: resolves the seeds, dials and challenges new peers, probes the
+   links that are up, and publishes the links that are up in the public table `cluster_links`
+   (gateway/cluster/peers.py), which the router and the management plane read;
+3. forwards the commands the router could not deliver here (`ForwardCommand`) to every
+   connected peer, merges their answers (gateway/cluster/merge.py) and sends them to the router
+   as an owner would (`CommandAnswer`, `CommandFailed`); `ForgetCommand` cancels the calls.
+
+Never logged: the cookie, commands, agent ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+from google.protobuf import empty_pb2
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from thespian.actors import WakeupMessage
+
+from actors.cluster_messages import ForwardCommand, PeerEnded, PeerFrame
+from actors.core.warn_limit import WarnLimiter
+from actors.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
+from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
+from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
+from gateway.cluster.metrics import cluster_metrics
+from gateway.cluster.peers import CLUSTER_NAME, LINKS_TABLE, connected_links
+from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, parse_seed
+from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
+from gateway.config.keys.cluster import (
+    CLUSTER_MAX_LIFETIME_ADDRS,
+    CLUSTER_PORT,
+    CLUSTER_REDIAL_INTERVAL_MS,
+    CLUSTER_SEED_DNS_NAME,
+    CLUSTER_SEED_NODES,
+)
+from gateway.mgmt_metrics import mgmt_metrics
+from gateway.mgmt_plane import MgmtPlane
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2 as mgmt
+from supervisors.messages import WorkerDone
+from supervisors.process import Process
+from supervisors.reason import ExitReason
+from supervisors.supervisor import ChildSpec
+
+if TYPE_CHECKING:
+    from gateway.context import NodeContext
+
+__all__ = ["CLUSTER_NAME", "Cluster", "cluster_child_spec"]
+
+log = logging.getLogger("yuzu_gw.cluster")
+
+_ROUND = "cluster_round"
+_SERVE = "cluster_serve"
+_RESOLVE = "cluster_resolve"
+# A dial (connect + challenge) or a probe gets at most this long, and never more than a round.
+DIAL_TIMEOUT_S = 5.0
+# A forwarded command's peers get this much past the origin's deadline, so the origin's own
+# timer, not the peer's, decides TIMEOUT; the call is cut there if the peer is silent.
+FORWARD_SLACK_S = 2.0
+_RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+
+
+def cluster_child_spec(ctx: NodeContext) -> ChildSpec:
+    return ChildSpec(CLUSTER_NAME, Cluster, ctx, restart="permanent", name=CLUSTER_NAME)
+
+
+@attrs.define(eq=False)
+class _Remote:
+    """One forwarded command: its merge and one relay task per peer."""
+
+    command_id: str
+    reply_to: Any
+    merge: RemoteMerge
+    tasks: dict[PeerAddr, asyncio.Task[None]] = attrs.field(factory=dict)
+
+
+class Cluster(Process):
+    def init(self, args: NodeContext) -> None:
+        ctx = args
+        config = ctx.config
+        self.ctx = ctx
+        self.host = ctx.node.name.split("@", 1)[1]
+        self.port = config[CLUSTER_PORT]
+        default_port = self.port or DEFAULT_CLUSTER_PORT
+        self.seeds = tuple(parse_seed(entry, default_port) for entry in config[CLUSTER_SEED_NODES])
+        self.dns_name = config[CLUSTER_SEED_DNS_NAME]
+        self.default_port = default_port
+        interval_s = config[CLUSTER_REDIAL_INTERVAL_MS] / 1000
+        self.interval_s = interval_s
+        self.membership = Membership(interval_s, config[CLUSTER_MAX_LIFETIME_ADDRS])
+        self.node_id = secrets.token_hex(16)
+        self.cookie = ctx.node.cookie
+        self.metrics = cluster_metrics(ctx.registry)
+        self.links = self.new_table(LINKS_TABLE, "public")
+        self.pending: dict[PeerAddr, PeerLink] = {}
+        self.limiter = WarnLimiter()
+        plane = MgmtPlane(runtime=self.runtime, metrics=mgmt_metrics(ctx.registry))
+        self.server = ClusterServer(
+            ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc)
+        )
+        self.serving = False
+        self.binding = False
+        self.remotes: dict[int, _Remote] = {}
+        self.seq = 0
+        self.forwarded = 0
+        self._bind()
+        self._round()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:
+        match msg:
+            case WakeupMessage(payload=payload) if payload == _ROUND:
+                self._round()
+            case WorkerDone(tag=tag):
+                self._worker_done(tag, msg)
+            case ForwardCommand():
+                self._forward(msg)
+            case PeerFrame(seq=seq, peer=peer, agent_id=agent_id, response=response):
+                remote = self.remotes.get(seq)
+                if remote is not None:
+                    final = response is None or response.status != _RUNNING
+                    held = response is not None
+                    effects = remote.merge.frame(peer, agent_id, held, final)
+                    self._apply(seq, remote, effects, response)
+            case PeerEnded(seq=seq, peer=peer, broken=broken):
+                if broken and self.membership.lost(cast(PeerAddr, peer)):
+                    self._link_down(cast(PeerAddr, peer))
+                remote = self.remotes.get(seq)
+                if remote is not None:
+                    remote.tasks.pop(cast(PeerAddr, peer), None)
+                    self._apply(seq, remote, remote.merge.peer_ended(peer))
+            case ForgetCommand(command_id=command_id):
+                for seq, remote in list(self.remotes.items()):
+                    if remote.command_id == command_id:
+                        self._drop(seq, remote)
+            case _:
+                pass
+
+    def terminate(self, reason: ExitReason) -> None:
+        for seq, remote in list(self.remotes.items()):
+            self._drop(seq, remote)
+        if self.serving:
+            # The node leaves the cluster: the peers' calls to it fail now, not at a deadline.
+            self.server.leave()
+        for link in [*self.links.values(), *self.pending.values()]:
+            link.close()
+        self.metrics.connected.set(0)
+
+    def format_status(self) -> Mapping[str, Any]:
+        return {
+            "serving": self.serving,
+            "peers_resolved": self.membership.peers_resolved,
+            "peers_connected": self.membership.peers_connected,
+            "addresses_over_cap": self.membership.capped,
+            "forwarded_commands": self.forwarded,
+            "forwards_in_flight": len(self.remotes),
+        }
+
+    # -- the transport -------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        if self.serving or self.binding:
+            return
+        self.binding = True
+        self.run_worker(self._serve(), _SERVE)
+
+    async def _serve(self) -> int:
+        await self.server.start(self.host, self.port)
+        return self.server.bound_port(self.port)
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def _round(self) -> None:
+        self._bind()
+        self._perform(self.membership.tick(self.now()))
+        self.wakeupAfter(self.interval_s, _ROUND)
+
+    def _perform(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Resolve():
+                    self.run_worker(self._resolve(), _RESOLVE)
+                case Dial(addr=addr):
+                    link = PeerLink(addr, self.cookie, self.node_id)
+                    self.pending[addr] = link
+                    self.run_worker(link.challenge(self._dial_timeout()), ("dial", addr))
+                case Probe(addr=addr):
+                    probe = self.links.get(addr)
+                    if probe is not None:
+                        call = probe.unary(
+                            "Ping", empty_pb2.Empty(), empty_pb2.Empty, self._dial_timeout()
+                        )
+                        self.run_worker(call, ("probe", addr))
+
+    def _dial_timeout(self) -> float:
+        return min(DIAL_TIMEOUT_S, self.interval_s)
+
+    async def _resolve(self) -> list[PeerAddr]:
+        if self.seeds:
+            return list(self.seeds)
+        try:
+            async with asyncio.timeout(self.interval_s):
+                infos = await self.loop.getaddrinfo(
+                    self.dns_name, None, family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError, UnicodeError):
+            return []
+        return [PeerAddr(str(info[4][0]), self.default_port) for info in infos]
+
+    def _worker_done(self, tag: Any, done: WorkerDone) -> None:
+        error = done.error
+        match tag:
+            case "cluster_serve":
+                self.binding = False
+                if error is None:
+                    self.serving = True
+                    self.ctx.record_bound("cluster", (self.host, int(done.result)))
+                    log.info("Cluster transport listening on %s:%s", self.host, done.result)
+                else:
+                    self._warn(
+                        "bind",
+                        "Cluster transport cannot listen on %s:%s (%s); serving alone, trying"
+                        " again every round",
+                        self.host,
+                        self.port,
+                        type(error).__name__,
+                    )
+            case "cluster_resolve":
+                addrs = cast(list[PeerAddr], done.result or [])
+                self._perform(self.membership.resolved(addrs))
+                self.metrics.resolved.set(self.membership.peers_resolved)
+            case ("dial", addr):
+                link = self.pending.pop(addr)
+                outcome = cast(DialOutcome, done.result if error is None else "failed")
+                if self.membership.dialed(addr, outcome):
+                    self.links.insert(addr, link)
+                    log.info("Cluster peer %s connected", addr)
+                else:
+                    link.close()
+                    if outcome == "refused":
+                        self.metrics.refused.inc()
+                        self._warn(
+                            ("refused", addr),
+                            "Cluster peer %s refused: its proof does not match this node's cookie",
+                            addr,
+                        )
+                self._gauges()
+            case ("probe", addr):
+                if self.membership.probed(addr, error is None):
+                    self._link_down(addr)
+            case _:
+                pass
+
+    def _link_down(self, addr: PeerAddr) -> None:
+        link = self.links.get(addr)
+        if link is not None:
+            self.links.delete(addr)
+            link.close()
+            log.warning("Cluster peer %s lost", addr)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.resolved.set(self.membership.peers_resolved)
+        self.metrics.connected.set(self.membership.peers_connected)
+
+    def _warn(self, kind: object, line: str, *args: object) -> None:
+        suffix = self.limiter.admit(kind, self.now())
+        if suffix is not None:
+            log.warning(line + "%s", *args, suffix)
+
+    # -- forwarded commands --------------------------------------------------------------------
+
+    def _forward(self, msg: ForwardCommand) -> None:
+        links = connected_links(self.runtime)
+        command_id = msg.command.command_id
+        if not links:
+            for agent_id in msg.agent_ids:
+                self.send(msg.reply_to, CommandFailed(agent_id, command_id, _NOT_CONNECTED))
+            return
+        self.seq += 1
+        self.forwarded += 1
+        seq = self.seq
+        remaining = msg.deadline - self.now()
+        request = mgmt.SendCommandRequest(
+            agent_ids=msg.agent_ids,
+            command=msg.command,
+            timeout_seconds=max(1, math.ceil(remaining)) + 1,
+        )
+        merge = RemoteMerge(msg.agent_ids, [link.addr for link in links])
+        remote = _Remote(command_id, msg.reply_to, merge)
+        self.remotes[seq] = remote
+        for link in links:
+            remote.tasks[link.addr] = self.loop.create_task(
+                self._relay(seq, link, request, max(0.0, remaining) + FORWARD_SLACK_S)
+            )
+
+    async def _relay(
+        self, seq: int, link: PeerLink, request: mgmt.SendCommandRequest, timeout: float
+    ) -> None:
+        """Tell this actor each frame of one peer's answer, then how the call ended (broken:
+        the link failed, as opposed to the peer answering with a status)."""
+        tell, me = self.runtime.tell, self.myAddress
+        broken = False
+        try:
+            async for frame in link.stream(
+                "SendCommand", request, mgmt.SendCommandResponse, timeout
+            ):
+                response = frame.response if frame.HasField("response") else None
+                tell(me, PeerFrame(seq, link.addr, frame.agent_id, response))
+        except GRPCError as exc:
+            broken = exc.status is Status.UNAUTHENTICATED
+        except Exception:  # the connection failed or the peer went silent past the deadline
+            broken = True
+        finally:
+            tell(me, PeerEnded(seq, link.addr, broken))
+
+    def _apply(
+        self,
+        seq: int,
+        remote: _Remote,
+        effects: list[MergeEffect],
+        response: agent_pb2.CommandResponse | None = None,
+    ) -> None:
+        for effect in effects:
+            match effect:
+                case Answer(agent_id=agent_id):
+                    self.send(remote.reply_to, CommandAnswer(agent_id, cast(Any, response)))
+                case Fail(agent_id=agent_id, reason=reason):
+                    failed = CommandFailed(agent_id, remote.command_id, cast(FailReason, reason))
+                    self.send(remote.reply_to, failed)
+        if remote.merge.done:
+            self._drop(seq, remote)
+
+    def _drop(self, seq: int, remote: _Remote) -> None:
+        self.remotes.pop(seq, None)
+        for task in remote.tasks.values():
+            task.cancel()
+        remote.tasks.clear()
+
+
+_NOT_CONNECTED = cast(FailReason, "not_connected")

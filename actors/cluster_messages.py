@@ -1,0 +1,55 @@
+"""Messages between the router and the `cluster` actor (actors/cluster.py).
+
+    router -> cluster   ForwardCommand(command, agent_ids, deadline, reply_to)  not held here
+    cluster -> router   CommandAnswer / CommandFailed, as an owner sends them   per target
+    router -> cluster   ForgetCommand(command_id)                                the command ended
+
+`LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router: routed to
+this node's agents only (never forwarded again, so a command cannot loop between nodes), and a
+target not held here is answered to the forwarding node as "not held", not `not_connected`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from actors.router_messages import RouteCommand
+from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+
+__all__ = ["ForwardCommand", "LocalRouteCommand", "PeerEnded", "PeerFrame"]
+
+
+@attrs.frozen(eq=False)
+class LocalRouteCommand(RouteCommand):
+    """A RouteCommand for this node's agents only (module doc)."""
+
+
+@attrs.frozen(eq=False)
+class ForwardCommand:
+    """Tell: ask the peers for `agent_ids`; answers go to `reply_to` until `deadline` (loop
+    clock). The command is never logged (its parameters may be secrets)."""
+
+    command: agent_pb2.CommandRequest = attrs.field(repr=False)
+    agent_ids: tuple[str, ...] = attrs.field(repr=False)
+    deadline: float
+    reply_to: Address
+
+
+@attrs.frozen(eq=False)
+class PeerFrame:
+    """A relay's frame from one peer (the cluster actor's own worker tells it)."""
+
+    seq: int
+    peer: object
+    agent_id: str = attrs.field(repr=False)
+    response: agent_pb2.CommandResponse | None = attrs.field(repr=False)
+
+
+@attrs.frozen
+class PeerEnded:
+    """A relay's call is over; `broken` when its link failed (not a status of the peer)."""
+
+    seq: int
+    peer: object
+    broken: bool = False

@@ -1,0 +1,112 @@
+"""The management plane's reach to the other nodes (ListAgents, GetAgent, WatchEvents and the
+broadcast's targets). A peer that does not answer within `PEER_CALL_TIMEOUT_S` is left out of
+the answer (its link is not judged here: the membership probe does that)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from google.protobuf import empty_pb2
+from google.protobuf.message import Message
+
+from gateway.cluster.peers import connected_links
+from protos.yuzu.server.v1 import management_pb2 as mgmt
+
+if TYPE_CHECKING:
+    from gateway.cluster.transport import PeerLink
+    from gateway.watch_events import Watcher
+    from supervisors.runtime import LoopSystemBase
+
+__all__ = [
+    "PEER_CALL_TIMEOUT_S",
+    "cluster_held_ids",
+    "merge_pages",
+    "peer_agent",
+    "peer_pages",
+    "relay_watch",
+]
+
+log = logging.getLogger("yuzu_gw.cluster")
+
+# A peer's answer to a read (a page, an agent, its ids) is awaited this long at most.
+PEER_CALL_TIMEOUT_S = 5.0
+# How often an open WatchEvents looks for peers that joined since it opened.
+WATCH_PEER_CHECK_S = 1.0
+
+M = TypeVar("M", bound=Message)
+
+
+async def _ask_all(
+    links: Sequence[PeerLink], method: str, request: Message, reply: type[M]
+) -> list[M]:
+    async def one(link: PeerLink) -> M | None:
+        try:
+            return await link.unary(method, request, reply, PEER_CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("cluster %s to %s failed: %s", method, link.addr, type(exc).__name__)
+            return None
+
+    answers = await asyncio.gather(*(one(link) for link in links))
+    return [a for a in answers if a is not None]
+
+
+async def peer_pages(
+    links: Sequence[PeerLink], request: mgmt.ListAgentsRequest
+) -> list[mgmt.ListAgentsResponse]:
+    return await _ask_all(links, "ListAgents", request, mgmt.ListAgentsResponse)
+
+
+def merge_pages(pages: Sequence[mgmt.ListAgentsResponse], limit: int) -> mgmt.ListAgentsResponse:
+    """One page of the cluster from every node's page after the same cursor: the `limit`
+    smallest ids (an agent two nodes hold listed once), and a cursor when any node has more."""
+    by_id: dict[str, mgmt.AgentSummary] = {}
+    for page in pages:
+        for summary in page.agents:
+            by_id.setdefault(summary.agent_id, summary)
+    ordered = sorted(by_id)
+    more = len(ordered) > limit or any(page.next_cursor for page in pages)
+    chosen = ordered[:limit]
+    answer = mgmt.ListAgentsResponse(next_cursor=chosen[-1] if more and chosen else "")
+    answer.agents.extend(by_id[agent_id] for agent_id in chosen)
+    return answer
+
+
+async def peer_agent(
+    links: Sequence[PeerLink], request: mgmt.GetAgentRequest
+) -> mgmt.GetAgentResponse | None:
+    found = await _ask_all(links, "GetAgent", request, mgmt.GetAgentResponse)
+    return found[0] if found else None
+
+
+async def cluster_held_ids(links: Sequence[PeerLink]) -> list[str]:
+    """Every agent id the peers hold (a broadcast's targets beyond this node)."""
+    answers = await _ask_all(links, "HeldAgents", empty_pb2.Empty(), mgmt.WatchEventsRequest)
+    return [agent_id for answer in answers for agent_id in answer.agent_ids]
+
+
+async def _relay_one(link: PeerLink, request: mgmt.WatchEventsRequest, watcher: Watcher) -> None:
+    with contextlib.suppress(Exception):
+        async for event in link.stream("WatchEvents", request, mgmt.AgentEvent, None):
+            watcher.offer(event)
+
+
+async def relay_watch(
+    runtime: LoopSystemBase, request: mgmt.WatchEventsRequest, watcher: Watcher
+) -> None:
+    """Feed `watcher` the events of every connected peer's agents, for as long as it runs
+    (cancelled with its stream); a peer whose watch ended is watched again once it is back."""
+    tasks: dict[object, asyncio.Task[None]] = {}
+    try:
+        while True:
+            for link in connected_links(runtime):
+                task = tasks.get(link)
+                if task is None or task.done():
+                    tasks[link] = asyncio.create_task(_relay_one(link, request, watcher))
+            await asyncio.sleep(WATCH_PEER_CHECK_S)
+    finally:
+        for task in tasks.values():
+            task.cancel()

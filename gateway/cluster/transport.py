@@ -1,0 +1,274 @@
+"""The inter-node transport: an internal gRPC service over grpclib (docs/cluster.md).
+
+`ClusterService` is served on the cluster port of the node's advertise address only. Every
+method but `Challenge` must carry a call signature (gateway/cluster/auth.py) or is answered
+UNAUTHENTICATED before its request is read. The methods reuse the management plane's messages
+and its handlers, scoped to this node (`local=True`), so a forwarded call is answered exactly as
+a local operator's would be:
+
+| method | request -> response | what it does on the dialled node |
+| --- | --- | --- |
+| Challenge | Empty -> Empty | nonces and the dialled node's proof, in metadata |
+| Ping | Empty -> Empty | nothing (the membership probe) |
+| SendCommand | SendCommandRequest -> stream SendCommandResponse | routes to its own agents (1) |
+| ListAgents, GetAgent | as the management plane | its own agents |
+| WatchEvents | WatchEventsRequest -> stream AgentEvent | its own agents' events |
+| HeldAgents | Empty -> WatchEventsRequest | the ids of its agents, in `agent_ids` |
+
+(1) A target it does not hold is a response with no `response` field (no agent answer lacks it).
+
+`PeerLink` is the dialling side: one grpclib channel (one HTTP/2 connection) per peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, TypeVar
+
+from google.protobuf import empty_pb2
+from google.protobuf.message import Message
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server, Stream
+
+from actors.sessions import held_agent_ids
+from gateway.cluster.auth import ServerNonces, call_proof, new_nonce, server_proof, verify
+from gateway.cluster.seeds import PeerAddr
+from gateway.mgmt_agents import get_agent, list_agents
+from gateway.mgmt_command import send_command
+from gateway.mgmt_plane import MgmtPlane
+from gateway.mgmt_watch import watch_events
+from protos.yuzu.server.v1 import management_pb2 as mgmt
+
+__all__ = ["SERVICE", "ClusterServer", "ClusterService", "PeerLink"]
+
+log = logging.getLogger("yuzu_gw.cluster")
+
+SERVICE = "/yuzu.gateway.cluster.v1.Cluster/"
+NONCE_KEY = "x-yuzu-cluster-nonce"
+PROOF_KEY = "x-yuzu-cluster-proof"
+NODE_KEY = "x-yuzu-cluster-node"
+AUTH_KEY = "x-yuzu-cluster-auth"
+UNAUTHENTICATED_DETAILS = "cluster authentication failed"
+_NONCE_CHARS = 32
+
+M = TypeVar("M", bound=Message)
+Empty = empty_pb2.Empty
+
+
+class ClusterService:
+    """The dialled side (module doc). `on_refused` is told each refused call (metrics, log)."""
+
+    def __init__(
+        self, cookie: str, node_id: str, plane: MgmtPlane, on_refused: Callable[[], None]
+    ) -> None:
+        self._cookie = cookie
+        self._node_id = node_id
+        self._plane = plane
+        self._nonces = ServerNonces()
+        self._on_refused = on_refused
+
+    def __mapping__(self) -> dict[str, Handler]:
+        unary, stream = Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM
+        plane = self._plane
+        return {
+            SERVICE + "Challenge": Handler(self._challenge, unary, Empty, Empty),
+            SERVICE + "Ping": self._signed("Ping", self._ping, unary, Empty, Empty),
+            SERVICE + "HeldAgents": self._signed(
+                "HeldAgents", self._held, unary, Empty, mgmt.WatchEventsRequest
+            ),
+            SERVICE + "SendCommand": self._signed(
+                "SendCommand",
+                lambda s: send_command(plane, s, local=True),
+                stream,
+                mgmt.SendCommandRequest,
+                mgmt.SendCommandResponse,
+            ),
+            SERVICE + "ListAgents": self._signed(
+                "ListAgents",
+                lambda s: list_agents(plane, s, local=True),
+                unary,
+                mgmt.ListAgentsRequest,
+                mgmt.ListAgentsResponse,
+            ),
+            SERVICE + "GetAgent": self._signed(
+                "GetAgent",
+                lambda s: get_agent(plane, s, local=True),
+                unary,
+                mgmt.GetAgentRequest,
+                mgmt.GetAgentResponse,
+            ),
+            SERVICE + "WatchEvents": self._signed(
+                "WatchEvents",
+                lambda s: watch_events(plane, s, local=True),
+                stream,
+                mgmt.WatchEventsRequest,
+                mgmt.AgentEvent,
+            ),
+        }
+
+    def _signed(
+        self,
+        method: str,
+        handler: Callable[[Stream[Any, Any]], Awaitable[None]],
+        cardinality: Cardinality,
+        request: type[Message],
+        reply: type[Message],
+    ) -> Handler:
+        path = SERVICE + method
+
+        async def checked(stream: Stream[Any, Any]) -> None:
+            value = stream.metadata.get(AUTH_KEY) if stream.metadata else None
+            if not isinstance(value, str) or not self._nonces.check(self._cookie, value, path):
+                self._on_refused()
+                raise GRPCError(Status.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
+            await handler(stream)
+
+        return Handler(checked, cardinality, request, reply)
+
+    async def _challenge(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        client_nonce = stream.metadata.get(NONCE_KEY) if stream.metadata else None
+        if not isinstance(client_nonce, str) or len(client_nonce) != _NONCE_CHARS:
+            self._on_refused()
+            raise GRPCError(Status.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
+        nonce = self._nonces.issue()
+        proof = server_proof(self._cookie, client_nonce, nonce, self._node_id)
+        await stream.send_initial_metadata(
+            metadata={NONCE_KEY: nonce, PROOF_KEY: proof, NODE_KEY: self._node_id}
+        )
+        await stream.send_message(Empty())
+
+    async def _ping(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        await stream.send_message(Empty())
+
+    async def _held(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        ids = held_agent_ids(self._plane.runtime) or []
+        await stream.send_message(mgmt.WatchEventsRequest(agent_ids=ids))
+
+
+class ClusterServer(Server):
+    """grpclib's server plus `leave`: close the listener and every connection, so the peers'
+    calls fail at once (their targets settle `agent_disconnected`) instead of waiting for their
+    deadline, as they would behind grpclib's `close`, which only cancels the handlers.
+    Written against grpclib 0.4.9 (`_protocol_factory`)."""
+
+    def __init__(self, service: ClusterService) -> None:
+        super().__init__([service])
+        self._transports: set[asyncio.BaseTransport] = set()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        made, lost = protocol.connection_made, protocol.connection_lost
+        transports = self._transports
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            transports.add(transport)
+            made(transport)
+
+        def connection_lost(exc: Exception | None) -> None:
+            transports.difference_update([t for t in transports if t.is_closing()])
+            lost(exc)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+        return protocol
+
+    def bound_port(self, default: int) -> int:
+        sockets = self._server.sockets if self._server is not None else ()
+        return int(sockets[0].getsockname()[1]) if sockets else default
+
+    def leave(self) -> None:
+        self.close()
+        for transport in list(self._transports):
+            transport.close()
+        self._transports.clear()
+
+
+class PeerLink:
+    """The dialling side of one peer (module doc). `challenge` first; then the signed calls."""
+
+    def __init__(self, addr: PeerAddr, cookie: str, node_id: str) -> None:
+        self.addr = addr
+        self._cookie = cookie
+        self._node_id = node_id
+        self._channel = Channel(addr.host, addr.port)
+        self._server_nonce: str | None = None
+        self._seq = 0
+        self.peer_node: str | None = None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    async def challenge(self, timeout: float) -> Literal["up", "self", "refused"]:
+        """Prove the peer has the cookie; "self" when the address is this very node."""
+        client_nonce = new_nonce()
+        metadata = {NONCE_KEY: client_nonce, NODE_KEY: self._node_id}
+        async with self._channel.request(
+            SERVICE + "Challenge",
+            Cardinality.UNARY_UNARY,
+            Empty,
+            Empty,
+            timeout=timeout,
+            metadata=metadata,
+        ) as stream:
+            await stream.send_message(Empty(), end=True)
+            await stream.recv_initial_metadata()
+            got = stream.initial_metadata or {}
+            await stream.recv_message()
+        nonce, proof, node = got.get(NONCE_KEY), got.get(PROOF_KEY), got.get(NODE_KEY)
+        if not (isinstance(nonce, str) and isinstance(proof, str) and isinstance(node, str)):
+            return "refused"
+        if not verify(server_proof(self._cookie, client_nonce, nonce, node), proof):
+            return "refused"
+        if node == self._node_id:
+            return "self"
+        self._server_nonce, self.peer_node = nonce, node
+        return "up"
+
+    def _metadata(self, path: str) -> dict[str, str]:
+        if self._server_nonce is None:
+            raise GRPCError(Status.UNAUTHENTICATED, "link not challenged")
+        self._seq += 1
+        mac = call_proof(self._cookie, self._server_nonce, self._seq, path)
+        return {AUTH_KEY: f"{self._server_nonce}.{self._seq}.{mac}"}
+
+    async def unary(self, method: str, request: Message, reply: type[M], timeout: float) -> M:
+        path = SERVICE + method
+        async with self._channel.request(
+            path,
+            Cardinality.UNARY_UNARY,
+            type(request),
+            reply,
+            timeout=timeout,
+            metadata=self._metadata(path),
+        ) as stream:
+            await stream.send_message(request, end=True)
+            answer = await stream.recv_message()
+            await stream.recv_trailing_metadata()
+        if answer is None:
+            raise GRPCError(Status.UNKNOWN, "no answer")
+        return answer
+
+    async def stream(
+        self, method: str, request: Message, reply: type[M], timeout: float | None
+    ) -> AsyncIterator[M]:
+        path = SERVICE + method
+        async with self._channel.request(
+            path,
+            Cardinality.UNARY_STREAM,
+            type(request),
+            reply,
+            timeout=timeout,
+            metadata=self._metadata(path),
+        ) as stream:
+            await stream.send_message(request, end=True)
+            while (message := await stream.recv_message()) is not None:
+                yield message
+            await stream.recv_trailing_metadata()
