@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 
 from gateway.config import default_paths, load
 from gateway.context import NodeContext
+from gateway.process_collector import ProcessCollector
+from gateway.release.plan import apply_env
 from gateway.upstream.boot_check import check_upstream
 
 # Where the pid file, log, console socket and trial cookie live (`YUZU_GW_RUN_DIR`).
@@ -22,7 +24,8 @@ def run_dir(env: Mapping[str, str]) -> Path:
 
 def node_registry() -> CollectorRegistry:
     """A registry per node (two nodes in one test process never share series), with the
-    process, platform and garbage-collector collectors of prometheus-client."""
+    process (its descriptor count made cheap: gateway/process_collector.py), platform and
+    garbage-collector collectors of prometheus-client."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -33,6 +36,8 @@ def node_registry() -> CollectorRegistry:
 def prepare(env: Mapping[str, str]) -> NodeContext:
     paths = default_paths(env)
     config, node_args = load(paths.config, paths.vm_args, env)
+    # Node k of a multi-node host (YUZU_GW_NODE_INDEX, docs/multinode.md): its name and ports.
+    config, node_args = apply_env(config, node_args, env)
     # Before any actor starts or any listener binds (seed: "What the gateway refuses at boot").
     check_upstream(config, env)
     return NodeContext(config, node_args, run_dir(env), node_registry())

@@ -4,13 +4,15 @@
 # seed "Stop timeout coupling"): Docker's default of 10 s kills the node mid-flush.
 #
 #   docker run ... image                       -> foreground node
+#   docker run ... image foreground --nodes auto -> one node per core (docs/multinode.md)
 #   docker exec -it CONTAINER rel/yuzu_gw remote_console | ping | eval EXPR | status
 #
 # Anything else given as the command runs as `rel/yuzu_gw ARGS` (`ping` for a health check).
 set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
-# One node per container; its run directory is container-local unless a volume is mounted.
+# One node (or one release of N nodes) per container; its run directory is container-local
+# unless a volume is mounted.
 export YUZU_GW_RUN_DIR=${YUZU_GW_RUN_DIR:-/var/run/yuzu-gateway}
 
 if [[ $# -eq 0 || $1 == foreground ]]; then
@@ -19,6 +21,6 @@ if [[ $# -eq 0 || $1 == foreground ]]; then
         # cluster: every node must share one cookie, so pass YUZU_GW_COOKIE in production.
         echo "entrypoint: YUZU_GW_COOKIE unset; a cookie is generated for this container" >&2
     fi
-    exec "$here/yuzu_gw" foreground
+    exec "$here/yuzu_gw" foreground "${@:2}"
 fi
 exec "$here/yuzu_gw" "$@"

@@ -1,0 +1,136 @@
+"""From the configuration and a node index to one node of a multi-node host: its name, its
+own ports and the environment the release supervisor starts it with.
+
+The release supervisor starts node k of N >= 2 with `YUZU_GW_NODE_INDEX=k` and
+`YUZU_GW_REUSEPORT=1`. Boot (`gateway.boot.prepare`) applies `apply_env` to what it loaded,
+and the supervisor's `nodes.json` comes from `plan`, which calls the same `for_index`: the
+node and the record cannot disagree. With one node neither variable is set and nothing here
+changes anything.
+
+Node k is named `<short>-k@<host>` (sent upstream as `gateway_node`) and holds the health,
+metrics and cluster ports configured plus k-1; the listener ports are shared, not offset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import attrs
+
+from gateway.config import Config
+from gateway.config.keys.cluster import CLUSTER_PORT
+from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
+from gateway.config.schema import Key, Source
+from gateway.config.vm_args import NodeArgs
+from gateway.listeners.server import REUSEPORT_VAR
+from gateway.refusal import BootRefused
+
+NODE_INDEX_VAR = "YUZU_GW_NODE_INDEX"
+# The clients' "which node's files" variable (gateway/console_paths.py): never a node's own.
+CLIENT_NAME_VAR = "YUZU_GW_NODE_NAME"
+INVALID_NODE_INDEX = "invalid_node_index"
+# More nodes than this on one host is a typo, not a host (the plan is one node per core).
+MAX_NODES = 256
+MAX_PORT = 65535
+
+# The ports each node of a host holds alone, configured value + (index - 1). The listener
+# ports are shared through SO_REUSEPORT instead. The cluster port too: the nodes of a host are
+# members of one cluster, each named in a seed list as host:port (docs/cluster.md).
+PER_NODE_PORTS: tuple[Key[int], ...] = (HEALTH_PORT, PROMETHEUS_PORT, CLUSTER_PORT)
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (an affinity mask or a container's cpuset counts)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_count(text: str, cpus: int) -> int:
+    """`--nodes`: a count 1..MAX_NODES, or `auto` for one node per core. Raises ValueError."""
+    if text == "auto":
+        return min(max(1, cpus), MAX_NODES)
+    if not text.isdecimal() or not 1 <= int(text) <= MAX_NODES:
+        raise ValueError(f"--nodes takes a count 1..{MAX_NODES} or auto, not {text!r}")
+    return int(text)
+
+
+def indexed_name(name: str, index: int) -> str:
+    """`yuzu_gw@10.0.0.5`, 2 -> `yuzu_gw-2@10.0.0.5`."""
+    short, _, host = name.partition("@")
+    return f"{short}-{index}@{host}"
+
+
+def offset_port(port: int, index: int) -> int:
+    """The configured port + index - 1; 0 (a free port, in tests) stays 0 for every node.
+    Raises ValueError past 65535."""
+    if port == 0:
+        return 0
+    shifted = port + index - 1
+    if shifted > MAX_PORT:
+        raise ValueError(f"port {port} + {index - 1} is above {MAX_PORT}")
+    return shifted
+
+
+def for_index(config: Config, node: NodeArgs, index: int) -> tuple[Config, NodeArgs]:
+    """Node `index`'s configuration and identity, from the host's."""
+    for key in PER_NODE_PORTS:
+        try:
+            port = offset_port(config[key], index)
+        except ValueError as exc:
+            raise BootRefused(INVALID_NODE_INDEX, f"node {index}: {key.name}: {exc}") from None
+        config = config.with_value(key, port, Source.ENV)
+    name = indexed_name(node.name, index)
+    source = f"{node.name_source}, node {index} ({NODE_INDEX_VAR})"
+    return config, attrs.evolve(node, name=name, name_source=source)
+
+
+def index_from_env(env: Mapping[str, str]) -> int | None:
+    text = env.get(NODE_INDEX_VAR)
+    if not text:
+        return None
+    if not text.isdecimal() or not 1 <= int(text) <= MAX_NODES:
+        raise BootRefused(INVALID_NODE_INDEX, f"{NODE_INDEX_VAR} must be 1..{MAX_NODES}")
+    return int(text)
+
+
+def apply_env(config: Config, node: NodeArgs, env: Mapping[str, str]) -> tuple[Config, NodeArgs]:
+    """What boot does: node k's name and ports when `YUZU_GW_NODE_INDEX` says k."""
+    index = index_from_env(env)
+    return (config, node) if index is None else for_index(config, node, index)
+
+
+@attrs.frozen
+class NodePlan:
+    """One node of the host, as `nodes.json` records it."""
+
+    index: int
+    name: str
+    health_port: int
+    prometheus_port: int
+    cluster_port: int
+
+    @property
+    def short_name(self) -> str:
+        return self.name.split("@", 1)[0]
+
+
+def plan(config: Config, node: NodeArgs, count: int) -> tuple[NodePlan, ...]:
+    """The `count` nodes of a host. Raises BootRefused when a port would pass 65535."""
+    plans = []
+    for index in range(1, count + 1):
+        own, identity = for_index(config, node, index)
+        ports = (own[HEALTH_PORT], own[PROMETHEUS_PORT], own[CLUSTER_PORT])
+        plans.append(NodePlan(index, identity.name, *ports))
+    return tuple(plans)
+
+
+def node_env(env: Mapping[str, str], index: int) -> dict[str, str]:
+    """The environment node `index` starts with: the supervisor's, plus its index and the
+    shared listener ports."""
+    child = {k: v for k, v in env.items() if k != CLIENT_NAME_VAR}
+    child[NODE_INDEX_VAR] = str(index)
+    child[REUSEPORT_VAR] = "1"
+    return child
