@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.agent_sup import AGENT_SUP_NAME, agent_sup_child_spec
+from actors.cluster import cluster_child_spec
 from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat_buffer import HeartbeatBufferActor
 from actors.mem_reclaim import child_spec as mem_reclaim_child_spec
@@ -113,6 +114,9 @@ class GatewaySup(Supervisor):
                 agent_sup_child_spec(ctx),
                 # Fans SendCommand out to the owners (seed: "Subscribe Stream Proxy").
                 router_child_spec(ctx),
+                # Membership, the inter-node transport and forwarded commands (docs/cluster.md);
+                # after the router it forwards for, before the listeners.
+                cluster_child_spec(ctx),
                 # Reads the lane states the upstream actors publish; not a readiness input.
                 ChildSpec(SLOW_SERVER, SlowSampler, ctx, name=SLOW_SERVER),
                 # Memory, mailboxes and collection pauses (gateway/node_metrics.py).
