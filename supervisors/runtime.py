@@ -10,6 +10,14 @@ most `budget_seconds`, whichever comes first, then gives the loop back so socket
 served: the analogue of BEAM reductions. An actor gets at most `per_actor` messages per
 turn so one flooded mailbox cannot starve the others.
 
+Actors registered under a name (the node's singletons: `upstream`, `registry`, `router`,
+`agent_sup`...) are scheduled on a second, priority run queue. When both queues hold actors,
+turns alternate between them (a priority actor, an ordinary one, a priority one...). A
+node service then waits one ordinary turn per registered actor ahead of it, not a round of
+thousands of busy per-agent actors, and ordinary actors still get every other turn. Only
+the order in which actors get turns changes: each mailbox is still delivered in arrival
+order.
+
 Crash semantics are OTP's, not thespian's retry-then-PoisonMessage: an exception that
 escapes `receiveMessage` ends the actor; its children are stopped; its parent gets a
 `ChildExited` carrying the reason (class and top frame only); its monitors get
@@ -63,6 +71,7 @@ class ActorRef:
         "monitoring",
         "monitors",
         "parent",
+        "runq",
         "scheduled",
         "system",
         "tables",
@@ -81,6 +90,8 @@ class ActorRef:
         self.globalName: str | None = None
         self.trap_exit: bool = getattr(instance, "trap_exit", False)
         self.scheduled = False
+        # The run queue `send` puts the actor on: the priority one for registered actors.
+        self.runq = system._runq
         # Allocated on first use: an idle actor should cost as little as possible.
         self.mailbox: deque[tuple[Any, Address]] | None = None
         self.children: dict[Address, ActorRef] | None = None
@@ -93,6 +104,11 @@ class ActorRef:
     @property
     def alive(self) -> bool:
         return self.system._refs.get(self.address._aaddr) is self
+
+    @property
+    def priority(self) -> bool:
+        """Scheduled on the priority run queue (a registered actor)."""
+        return self.runq is self.system._hiq
 
     @property
     def label(self) -> str:
@@ -154,6 +170,9 @@ class LoopSystemBase:
         self._ids = itertools.count(1)
         self._monitor_ids = itertools.count(1)
         self._runq: deque[ActorRef] = deque()
+        # Registered actors' run queue, and whose turn is next (see the module's docstring).
+        self._hiq: deque[ActorRef] = deque()
+        self._priority_turn = True
         self._tick_pending = False
         self.current: ActorRef | None = None
         self.dead_letters = 0
@@ -193,6 +212,7 @@ class LoopSystemBase:
         self._refs[address._aaddr] = ref
         if global_name is not None:
             self._names[global_name] = address
+            ref.runq = self._hiq
         if parent is None:
             self._primaries[address] = ref
         else:
@@ -232,7 +252,7 @@ class LoopSystemBase:
         mailbox.append((msg, sender))
         if not ref.scheduled:
             ref.scheduled = True
-            self._runq.append(ref)
+            ref.runq.append(ref)
             if not self._tick_pending:
                 self._tick_pending = True
                 self.loop.call_soon(self._tick)
@@ -277,12 +297,23 @@ class LoopSystemBase:
         self._tick_pending = False
         self.ticks += 1
         runq = self._runq
+        hiq = self._hiq
         budget = self.budget_messages
         per_actor = self.per_actor
         deadline = self.loop.time() + self.budget_seconds
         delivered = 0
-        while runq and delivered < budget:
-            ref = runq.popleft()
+        priority_turn = self._priority_turn
+        while delivered < budget:
+            # Alternate while both queues hold actors; either alone is drained in turn.
+            if hiq and (priority_turn or not runq):
+                queue = hiq
+                priority_turn = False
+            elif runq:
+                queue = runq
+                priority_turn = True
+            else:
+                break
+            ref = queue.popleft()
             mailbox = ref.mailbox
             turn = 0
             while mailbox and turn < per_actor:
@@ -293,14 +324,15 @@ class LoopSystemBase:
                     break
             delivered += turn
             if ref.mailbox is mailbox and mailbox:
-                runq.append(ref)
+                queue.append(ref)
             else:
                 ref.scheduled = False
                 if ref.mailbox is mailbox:
                     ref.mailbox = None
             if self.loop.time() >= deadline:
                 break
-        if runq and not self._tick_pending:
+        self._priority_turn = priority_turn
+        if (runq or hiq) and not self._tick_pending:
             self._tick_pending = True
             self.loop.call_soon(self._tick)
 
@@ -566,7 +598,7 @@ class LoopSystemBase:
     @property
     def idle(self) -> bool:
         """No actor has mail and no tick is pending."""
-        return not self._runq and not self._tick_pending
+        return not self._runq and not self._hiq and not self._tick_pending
 
     def __len__(self) -> int:
         return len(self._refs)
