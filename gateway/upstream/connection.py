@@ -372,8 +372,8 @@ class ConnectionSlot:
         metadata: Mapping[str, str] | None,
     ) -> Message:
         """One unary call on this connection. The caller checked `live` and `has_room`."""
-        grpc = self._grpc
-        if grpc is None:
+        grpc, protocol = self._grpc, self._protocol
+        if grpc is None or protocol is None:
             raise UpstreamCallError(ResultKind.TRANSPORT, detail="closed")
         self.in_flight += 1
         try:
@@ -385,7 +385,12 @@ class ConnectionSlot:
                 timeout=timeout,
                 metadata=metadata,
             ) as stream:
-                await stream.send_message(payload, end=True)  # type: ignore[arg-type]
+                # HEADERS and DATA in one write (coalesce.py).
+                protocol.writes.cork()
+                try:
+                    await stream.send_message(payload, end=True)  # type: ignore[arg-type]
+                finally:
+                    protocol.writes.uncork()
                 reply = await stream.recv_message()
         except asyncio.CancelledError:
             raise

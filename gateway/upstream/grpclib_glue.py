@@ -9,6 +9,8 @@ frame the server sends. So:
   for h2's RemoteSettingsChanged event) and a future for the loss of the connection.
 * `SlotChannel`: a grpclib `Channel` over a connection the slot made, which never dials.
 * `Codec`: requests arrive encoded; responses are checked against max_receive_message_bytes.
+* The protocol writes through a `coalesce.CoalescingTransport` (`writes`), which the slot corks
+  around a call's send so its HEADERS and DATA frames leave in one write.
 
 Written against grpclib 0.4.9; the integration tests exercise every one of these hooks.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from grpclib.client import Channel as GrpclibChannel
 from grpclib.client import Handler
@@ -30,6 +32,7 @@ from h2.events import RemoteSettingsChanged
 from h2.settings import SettingCodes
 
 from gateway.upstream.client_config import EndpointSpec
+from gateway.upstream.coalesce import CoalescingTransport
 from gateway.upstream.failures import ResponseTooLargeError
 
 __all__ = ["Codec", "SettingsProtocol", "SlotChannel"]
@@ -74,6 +77,8 @@ class SettingsProtocol(H2Protocol):
     """grpclib's HTTP/2 protocol, plus the two things the slot must know: the server's
     SETTINGS (first arrival and every stream limit) and the loss of the connection."""
 
+    writes: CoalescingTransport  # set in connection_made
+
     def __init__(self, loop: asyncio.AbstractEventLoop, on_limit: Callable[[], None]) -> None:
         super().__init__(Handler(), GRPCLIB_CONFIG, _h2_config())
         self.max_streams: int | None = None
@@ -81,9 +86,13 @@ class SettingsProtocol(H2Protocol):
         self.lost: asyncio.Future[BaseException | None] = loop.create_future()
         self.lost_error: BaseException | None = None
         self._on_limit = on_limit
+        self._loop = loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        # The slot corks it around a call's send (see coalesce.py). uvloop's transports do not
+        # subclass asyncio.Transport, hence the cast.
+        self.writes = CoalescingTransport(cast(asyncio.Transport, transport), self._loop)
+        super().connection_made(self.writes)
         # The processor's dispatch table is the one place grpclib lets SETTINGS through.
         table = self.processor.processors
         original = table[RemoteSettingsChanged]
