@@ -40,7 +40,11 @@ REGISTRATION_REPLAY_QUEUE_MAX = _tuning(
     "Cap of the replay queue (caps verdict appends only).",
 )
 REGISTRATION_REPLAY_SPACING_MS = _tuning(
-    "registration_replay_spacing_ms", 20, IntRange(0, 60000), "Gap between replays of the drip."
+    "registration_replay_spacing_ms",
+    20,
+    IntRange(0, 60000),
+    "Accepted for compatibility and not used: replays are paced by the replay permits (at a"
+    " 20 ms gap a 5,000-session replay would take 100 s, ten times the permits' bound).",
 )
 REGISTRATION_REPLAY_START_JITTER_MS = _tuning(
     "registration_replay_start_jitter_ms",
