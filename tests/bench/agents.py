@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.node_metrics import GC_GENERATIONS
 from tests.bench.agents_loadgen import register_request
 from tests.bench.common import REPO_ROOT, Row, add_common_arguments, environment, report
 
@@ -67,6 +68,7 @@ HEARTBEAT_WINDOW_S = 30.0
 MAX_STALL_METRIC = "yuzu_gw_event_loop_max_stall_seconds"
 STALL_BUCKET_METRIC = "yuzu_gw_event_loop_stall_seconds_bucket"
 BUSY_STALL_BUCKET_METRIC = "yuzu_gw_event_loop_busy_stall_seconds_bucket"
+GC_PAUSE_BUCKET_METRIC = "yuzu_gw_gc_pause_seconds_bucket"
 FULL_GC_SAMPLE = 'python_gc_collections_total{generation="2"}'
 START_TIMEOUT_S = 60.0
 SETTLE_S = 1.0
@@ -416,6 +418,7 @@ class Wave:
     max_stall_s: float | None = None
     stalls_over_target_in_window: float | None = None
     max_busy_stall_s: float | None = None
+    max_gc_pause_s: list[float | None] = field(default_factory=list)
     full_gcs_in_window: float | None = None
 
     @property
@@ -441,11 +444,14 @@ def sample(text: str, series: str) -> float | None:
     return None
 
 
-def stall_buckets(text: str, metric: str = STALL_BUCKET_METRIC) -> dict[float, float]:
-    """The cumulative counts of a stall histogram, by upper bound (`+Inf` as infinity)."""
+def stall_buckets(
+    text: str, metric: str = STALL_BUCKET_METRIC, labels: str = ""
+) -> dict[float, float]:
+    """The cumulative counts of a histogram, by upper bound (`+Inf` as infinity); `labels`:
+    the series' other labels as exposed before `le` (e.g. 'generation="1",')."""
     buckets: dict[float, float] = {}
     for line in text.splitlines():
-        if line.startswith(metric + "{"):
+        if line.startswith(metric + "{" + labels + "le="):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float(le)] = float(line.rsplit(" ", 1)[1])
     return buckets
@@ -533,7 +539,22 @@ async def wave(
                 )
                 before = stall_buckets(text)
                 busy_before = stall_buckets(text, BUSY_STALL_BUCKET_METRIC)
+                gc_before = [
+                    stall_buckets(text, GC_PAUSE_BUCKET_METRIC, f'generation="{g}",')
+                    for g in GC_GENERATIONS
+                ]
                 text = await _metrics(server.metrics_port)
+                result.max_gc_pause_s = [
+                    window_max_stall(
+                        {
+                            le: n - before_g.get(le, 0.0)
+                            for le, n in stall_buckets(
+                                text, GC_PAUSE_BUCKET_METRIC, f'generation="{g}",'
+                            ).items()
+                        }
+                    )
+                    for g, before_g in zip(GC_GENERATIONS, gc_before, strict=True)
+                ]
                 window = {le: n - before.get(le, 0.0) for le, n in stall_buckets(text).items()}
                 result.max_stall_s = window_max_stall(window)
                 result.max_busy_stall_s = window_max_stall(
@@ -633,6 +654,8 @@ async def run(
         "full_gcs_in_window": gateway.full_gcs_in_window,
         "stalls_over_target_in_window": gateway.stalls_over_target_in_window,
         "max_loop_busy_stall_ms": _ms(gateway.max_busy_stall_s),
+        # The window's longest collection of each generation, at most (a bucket bound).
+        "max_gc_pause_ms_by_generation": [_ms(v) for v in gateway.max_gc_pause_s],
         "bare": {
             "subscribed": bare.subscribed,
             "subscribe_failed": bare.failed,
@@ -708,6 +731,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row(
             "  of which on the node's CPU (at most; the rest is waiting for a core)",
             _fmt(result["max_loop_busy_stall_ms"], 1, " ms"),
+        ),
+        Row(
+            "  longest collection in that window, generation 0 / 1 / 2 (at most)",
+            " / ".join(_fmt(v, 1, " ms") for v in result["max_gc_pause_ms_by_generation"]),
         ),
         Row(
             "stalls over the target in that window / full collections",
