@@ -50,7 +50,14 @@ from typing import Any
 
 from gateway.node_metrics import GC_GENERATIONS
 from tests.bench.agents_loadgen import register_request
-from tests.bench.common import REPO_ROOT, Row, add_common_arguments, environment, report
+from tests.bench.common import (
+    REPO_ROOT,
+    Row,
+    add_common_arguments,
+    environment,
+    process_cpu_s,
+    report,
+)
 
 NAME = "agents"
 
@@ -86,14 +93,6 @@ def progress(message: str, quiet: bool) -> None:
 
 
 # -- /proc ----------------------------------------------------------------------------------------
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 of the line: 12 and 13 after "(comm) ".
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def process_rss_bytes(pid: int) -> int:
@@ -253,6 +252,16 @@ class Server:
 async def gateway_node(workdir: Path, agents: int, fake_port: int) -> AsyncIterator[Server]:
     config = workdir / "bench.config"
     ports = gateway_config(config, agents, fake_port)
+    async with running_gateway(workdir, config, ports["health"]) as process:
+        yield Server(process.pid, ports["agent"], ports["metrics"])
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    workdir: Path, config: Path, health_port: int
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`python -m gateway` booted from `config` with a fresh cookie and run directory under
+    `workdir`, its log in `workdir/gateway.log`; yields once /readyz answers 200, stops it."""
     run_dir = workdir / "run"
     run_dir.mkdir()
     env = dict(os.environ)
@@ -272,13 +281,13 @@ async def gateway_node(workdir: Path, agents: int, fake_port: int) -> AsyncItera
             if process.returncode is not None:
                 raise RuntimeError(f"the gateway exited {process.returncode}; see {log}")
             with contextlib.suppress(OSError, TimeoutError, IndexError, ValueError):
-                status, _ = await http_get(ports["health"], "/readyz", 2.0)
+                status, _ = await http_get(health_port, "/readyz", 2.0)
                 if status == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the gateway was not ready within {START_TIMEOUT_S} s")
             await asyncio.sleep(0.1)
-        yield Server(process.pid, ports["agent"], ports["metrics"])
+        yield process
     finally:
         await _stop(process)
 

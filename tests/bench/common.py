@@ -21,7 +21,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,3 +157,22 @@ def report(result: dict[str, Any], rows: Sequence[Row], out: Path, as_json: bool
     if as_json:
         print(json.dumps(result, separators=(",", ":")))
     sys.stdout.flush()
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of the line: 12 and 13 after "(comm) ".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_on_uvloop(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """On uvloop when it installs, as the node runs (gateway/__main__.py)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        import asyncio
+
+        return asyncio.run(coro)
+    return uvloop.run(coro)  # type: ignore[no-any-return]

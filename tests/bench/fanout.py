@@ -31,9 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import random
-import secrets
 import statistics
 import subprocess
 import tempfile
@@ -50,7 +48,6 @@ from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from tests.bench.agents import (
     START_TIMEOUT_S,
-    VM_ARGS,
     _listening_port,
     _spawn,
     _stop,
@@ -61,6 +58,7 @@ from tests.bench.agents import (
     http_get,
     metric_sum,
     progress,
+    running_gateway,
 )
 from tests.bench.common import Row, add_common_arguments, environment, report
 
@@ -117,33 +115,8 @@ async def gateway_node(workdir: Path, agents: int) -> AsyncIterator[Endpoint]:
             1,
         )
         config.write_text(text)
-        run_dir = workdir / "run"
-        run_dir.mkdir()
-        env = dict(os.environ)
-        env.update(
-            YUZU_GW_CONFIG=str(config),
-            YUZU_GW_VM_ARGS=str(VM_ARGS),
-            YUZU_GW_COOKIE=secrets.token_hex(32),
-            YUZU_GW_RUN_DIR=str(run_dir),
-        )
-        log = workdir / "gateway.log"
-        process = await _spawn(
-            "-m", "gateway", log=log, env=env, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"the gateway exited {process.returncode}; see {log}")
-                with contextlib.suppress(OSError, TimeoutError, IndexError, ValueError):
-                    if (await http_get(ports["health"], "/readyz", 2.0))[0] == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway was not ready within {START_TIMEOUT_S} s")
-                await asyncio.sleep(0.1)
+        async with running_gateway(workdir, config, ports["health"]):
             yield Endpoint(ports["agent"], mgmt_port, ports["metrics"])
-        finally:
-            await _stop(process)
 
 
 @contextlib.asynccontextmanager

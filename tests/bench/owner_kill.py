@@ -45,12 +45,17 @@ from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD
 from supervisors.runtime import LoopSystemBase
-from tests.bench.common import Row, add_common_arguments, environment, report
+from tests.bench.common import (
+    Row,
+    add_common_arguments,
+    environment,
+    report,
+    run_on_uvloop,
+)
 from tests.bench.permits import fake_server
 from tests.bench.replay import (
     HOLD_BATCH,
     REPLAY_PERMITS,
-    _run,
     gateway,
     hold,
     upstream_status,
@@ -299,7 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = gc.get_threshold()
     gc.set_threshold(*NODE_GC_THRESHOLD)
     try:
-        result = _run(run_benchmark(args.agents, args.kill, args.latency_ms, quiet=args.quiet))
+        result = run_on_uvloop(
+            run_benchmark(args.agents, args.kill, args.latency_ms, quiet=args.quiet)
+        )
     finally:
         gc.set_threshold(*previous)
     report(result, table_rows(result), args.out, args.json)

@@ -45,7 +45,15 @@ from gateway.upstream.methods import PROXY_REGISTER
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD
 from supervisors.runtime import LoopSystemBase
-from tests.bench.common import REPO_ROOT, Row, add_common_arguments, environment, report
+from tests.bench.common import (
+    REPO_ROOT,
+    Row,
+    add_common_arguments,
+    environment,
+    process_cpu_s,
+    report,
+    run_on_uvloop,
+)
 from tests.support.fake_channel import upstream_context
 
 NAME = "permits"
@@ -98,17 +106,6 @@ async def fake_server(latency_ms: float) -> AsyncIterator[tuple[int, int]]:
             except TimeoutError:
                 process.kill()
                 await process.wait()
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc; 0.0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    # utime and stime are fields 14 and 15 of the whole line: 12 and 13 after "(comm) ".
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the gateway side -----------------------------------------------------------------------------
@@ -387,15 +384,6 @@ def table_rows(result: dict[str, Any]) -> list[Row]:
     ]
 
 
-def _run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    """On uvloop when it installs, as the node runs (gateway/__main__.py)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(coro)
-    return uvloop.run(coro)  # type: ignore[no-any-return]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench.permits",
@@ -429,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quiet=args.quiet,
             reference=not args.no_reference,
         )
-        result = _run(run)
+        result = run_on_uvloop(run)
     finally:
         gc.set_threshold(*previous)
     report(result, table_rows(result), args.out, args.json)

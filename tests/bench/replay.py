@@ -59,8 +59,15 @@ from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.api import start_child
 from supervisors.gc_policy import NODE_GC_THRESHOLD
 from supervisors.runtime import LoopSystemBase
-from tests.bench.common import Row, add_common_arguments, environment, report
-from tests.bench.permits import fake_server, process_cpu_s
+from tests.bench.common import (
+    Row,
+    add_common_arguments,
+    environment,
+    process_cpu_s,
+    report,
+    run_on_uvloop,
+)
+from tests.bench.permits import fake_server
 from tests.support.node import TEST_CONFIG, node_env
 
 NAME = "replay"
@@ -313,15 +320,6 @@ def table_rows(result: dict[str, Any]) -> list[Row]:
     ]
 
 
-def _run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    """On uvloop when it installs, as the node runs (gateway/__main__.py)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(coro)
-    return uvloop.run(coro)  # type: ignore[no-any-return]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench.replay",
@@ -338,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = gc.get_threshold()
     gc.set_threshold(*NODE_GC_THRESHOLD)
     try:
-        result = _run(run_benchmark(args.sessions, args.latency_ms, quiet=args.quiet))
+        result = run_on_uvloop(run_benchmark(args.sessions, args.latency_ms, quiet=args.quiet))
     finally:
         gc.set_threshold(*previous)
     report(result, table_rows(result), args.out, args.json)
