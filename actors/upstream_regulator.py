@@ -42,6 +42,7 @@ from actors.core.permits import (
     Granted,
     LimitsChanged,
     PermitEffect,
+    PermitPolicy,
     PermitPool,
     Pool,
     Queued,
@@ -66,6 +67,7 @@ from supervisors.process import Process
 from supervisors.reason import SHUTDOWN, ExitReason
 
 if TYPE_CHECKING:
+    from gateway.config import Config
     from gateway.context import NodeContext
     from gateway.upstream.api import Channel
 
@@ -157,6 +159,19 @@ class PermitSnapshot:
     server_max_streams: int
 
 
+def permit_policy_of(config: Config) -> tuple[PermitPolicy, list[LogLine]]:
+    """The permit policy the configuration asks for, and the lines its resolution logs (the
+    regulator logs them; the replay lane reads the resolved replay cap)."""
+    return policy_from_settings(
+        register=config[UPSTREAM_REGISTER_CONCURRENCY],
+        inventory=config[UPSTREAM_INVENTORY_CONCURRENCY],
+        replay=config[UPSTREAM_REPLAY_CONCURRENCY],
+        queue_max=config[UPSTREAM_PERMIT_QUEUE_MAX],
+        call_timeout_ms=config[UPSTREAM_CALL_TIMEOUT_MS],
+        rpc_timeout_ms=config[UPSTREAM_RPC_TIMEOUT_MS],
+    )
+
+
 # --- the actor -----------------------------------------------------------------------------------
 
 
@@ -164,15 +179,7 @@ class Regulator(Process):
     trap_exit: ClassVar[bool] = True
 
     def init(self, args: NodeContext) -> None:
-        config = args.config
-        policy, lines = policy_from_settings(
-            register=config[UPSTREAM_REGISTER_CONCURRENCY],
-            inventory=config[UPSTREAM_INVENTORY_CONCURRENCY],
-            replay=config[UPSTREAM_REPLAY_CONCURRENCY],
-            queue_max=config[UPSTREAM_PERMIT_QUEUE_MAX],
-            call_timeout_ms=config[UPSTREAM_CALL_TIMEOUT_MS],
-            rpc_timeout_ms=config[UPSTREAM_RPC_TIMEOUT_MS],
-        )
+        policy, lines = permit_policy_of(args.config)
         for line in lines:
             self._log(line)
         self.pool = PermitPool(policy)

@@ -49,7 +49,6 @@ from actors.core import Count, LogLine
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event, log_text
 from actors.core.permits import Caller
-from actors.core.permits import policy_from_settings as permit_policy
 from actors.core.replay_queue import REPLAYS, ReplayEffect, ReplayPolicy, ReplayQueue
 from actors.core.verdicts import HeartbeatVerdict
 from actors.owner_messages import EndSession
@@ -57,18 +56,11 @@ from actors.owner_table import OwnerRow, owner_row
 from actors.sessions import AGENTS_TABLE
 from actors.upstream_lane import LaneHost
 from actors.upstream_messages import Notify
+from actors.upstream_regulator import permit_policy_of
 from gateway.config.keys.replay import (
     REGISTRATION_REPLAY_QUEUE_MAX,
     REGISTRATION_REPLAY_SESSION_GUARD_MS,
     REGISTRATION_REPLAY_START_JITTER_MS,
-)
-from gateway.config.keys.upstream import (
-    UPSTREAM_CALL_TIMEOUT_MS,
-    UPSTREAM_INVENTORY_CONCURRENCY,
-    UPSTREAM_PERMIT_QUEUE_MAX,
-    UPSTREAM_REGISTER_CONCURRENCY,
-    UPSTREAM_REPLAY_CONCURRENCY,
-    UPSTREAM_RPC_TIMEOUT_MS,
 )
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.methods import PROXY_REGISTER, SESSION_ID_METADATA
@@ -157,14 +149,7 @@ class _Out:
 def replay_policy(config: Config) -> ReplayPolicy:
     """The core's numbers from the configuration. The concurrency is the replay permits' cap as
     the regulator resolves it (half of register unless set, never above register)."""
-    permits, _lines = permit_policy(  # the regulator logs the lines
-        register=config[UPSTREAM_REGISTER_CONCURRENCY],
-        inventory=config[UPSTREAM_INVENTORY_CONCURRENCY],
-        replay=config[UPSTREAM_REPLAY_CONCURRENCY],
-        queue_max=config[UPSTREAM_PERMIT_QUEUE_MAX],
-        call_timeout_ms=config[UPSTREAM_CALL_TIMEOUT_MS],
-        rpc_timeout_ms=config[UPSTREAM_RPC_TIMEOUT_MS],
-    )
+    permits, _lines = permit_policy_of(config)  # the regulator logs the lines
     return ReplayPolicy(
         guard_s=config[REGISTRATION_REPLAY_SESSION_GUARD_MS] / 1000.0,
         queue_max=config[REGISTRATION_REPLAY_QUEUE_MAX],

@@ -23,10 +23,8 @@ from actors.core.breaker import Lane
 from actors.core.permits import Caller
 from actors.sessions import UNKNOWN_SESSION_DETAILS, admit
 from gateway.agent_plane import AgentPlane, conn_key, receive, refuse_oversize
-from gateway.agent_register import remaining_s
-from gateway.status import not_found, upstream_failed, upstream_refused
-from gateway.upstream.api import UpstreamCallError
-from gateway.upstream.calls import UpstreamRefused
+from gateway.agent_register import proxy_call
+from gateway.status import not_found
 from gateway.upstream.methods import PROXY_INVENTORY
 from protos.yuzu.agent.v1 import agent_pb2
 
@@ -47,18 +45,14 @@ async def report_inventory(
         )
         raise not_found(UNKNOWN_SESSION_DETAILS)
     refuse_oversize(plane, report, Lane.INVENTORY, PROXY_INVENTORY)
-    try:
-        ack = await plane.calls.call(
-            Caller.INVENTORY,
-            PROXY_INVENTORY,
-            report,
-            agent_pb2.InventoryAck,
-            grpc_timeout_s=remaining_s(stream),
-        )
-    except UpstreamRefused as refused:
-        plane.warn("inventory_upstream", f"Upstream ReportInventory failed: {refused.reason}")
-        raise upstream_refused(refused, "ReportInventory") from None
-    except UpstreamCallError as error:
-        plane.warn("inventory_upstream", f"Upstream ReportInventory failed: {error}")
-        raise upstream_failed(error, "ReportInventory") from None
+    ack = await proxy_call(
+        plane,
+        stream,
+        report,
+        agent_pb2.InventoryAck,
+        caller=Caller.INVENTORY,
+        method=PROXY_INVENTORY,
+        rpc="ReportInventory",
+        warn_kind="inventory_upstream",
+    )
     await stream.send_message(ack)

@@ -27,7 +27,9 @@ In the seed's order, each step before the next:
 from __future__ import annotations
 
 import logging
+from typing import Any, TypeVar
 
+from google.protobuf.message import Message
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
@@ -56,11 +58,14 @@ __all__ = [
     "MAX_AGENT_ID_BYTES",
     "REGISTRY_UNAVAILABLE_LOG",
     "UNOBSERVED_PEER",
+    "proxy_call",
     "register",
     "remaining_s",
 ]
 
 log = logging.getLogger("yuzu_gw.agent")
+
+M = TypeVar("M", bound=Message)
 
 # The server's own bound (kMaxAgentIdLength): refusing here gives the agent the same status
 # class without an upstream call, and keeps a wrong request away from the breaker.
@@ -100,7 +105,16 @@ async def register(
 
     try:
         async with reserve_slot(plane.runtime, conn_key(), agent_id) as slot:
-            response = await _proxy(plane, stream, request)
+            response = await proxy_call(
+                plane,
+                stream,
+                request,
+                agent_pb2.RegisterResponse,
+                caller=Caller.REGISTER,
+                method=PROXY_REGISTER,
+                rpc="Register",
+                warn_kind="register_upstream",
+            )
             if response.accepted and response.session_id:
                 committed = await slot.commit(response.session_id, peer, plugins, request)
                 if not committed:
@@ -139,23 +153,27 @@ def _session_peer(plane: AgentPlane, agent_id: str, origin: str) -> str:
     return peer
 
 
-async def _proxy(
+async def proxy_call(
     plane: AgentPlane,
-    stream: Stream[agent_pb2.RegisterRequest, agent_pb2.RegisterResponse],
-    request: agent_pb2.RegisterRequest,
-) -> agent_pb2.RegisterResponse:
+    stream: Stream[Any, Any],
+    request: Message,
+    response_type: type[M],
+    *,
+    caller: Caller,
+    method: str,
+    rpc: str,
+    warn_kind: str,
+) -> M:
+    """One proxied call under the agent's remaining deadline. A refusal before sending
+    (circuit_open, queue_full, deadline, stopping, unavailable: come back later) and a failed
+    call are each logged through the plane's limiter and answered with their status."""
     try:
         return await plane.calls.call(
-            Caller.REGISTER,
-            PROXY_REGISTER,
-            request,
-            agent_pb2.RegisterResponse,
-            grpc_timeout_s=remaining_s(stream),
+            caller, method, request, response_type, grpc_timeout_s=remaining_s(stream)
         )
     except UpstreamRefused as refused:
-        # circuit_open, queue_full, deadline, stopping, unavailable: come back later.
-        plane.warn("register_upstream", f"Upstream Register failed: {refused.reason}")
-        raise upstream_refused(refused, "Register") from None
+        plane.warn(warn_kind, f"Upstream {rpc} failed: {refused.reason}")
+        raise upstream_refused(refused, rpc) from None
     except UpstreamCallError as error:
-        plane.warn("register_upstream", f"Upstream Register failed: {error}")
-        raise upstream_failed(error, "Register") from None
+        plane.warn(warn_kind, f"Upstream {rpc} failed: {error}")
+        raise upstream_failed(error, rpc) from None
