@@ -8,6 +8,10 @@
 #   docker exec -it CONTAINER rel/yuzu_gw remote_console | ping | eval EXPR | status
 #
 # Anything else given as the command runs as `rel/yuzu_gw ARGS` (`ping` for a health check).
+#
+# YUZU_GW_ADVERTISE_ADDR is not computed here, as the Erlang entrypoint did: with vm.args
+# `-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}` and the variable unset, the node finds the address
+# at boot in the same order, in a container or not (docs/cluster.md, "The advertise address").
 set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import attrs
 
+from gateway.cluster.local_host import advertise_node
 from gateway.config.closed import CONFIG_SHAPE, DUPLICATE_KEYS
 from gateway.config.config import Config
 from gateway.config.cookie import check_distribution_cookie
 from gateway.config.errors import TermSyntaxError
 from gateway.config.keys import SCHEMA
+from gateway.config.keys.cluster import CLUSTER_SEED_DNS_NAME, CLUSTER_SEED_NODES
 from gateway.config.keys.node import NODE_NAME
 from gateway.config.redact import shown_value
 from gateway.config.resolve import CONFIG_LOGGER, resolve_section
@@ -67,7 +69,12 @@ def load(config_path: Path, vm_args_path: Path, env: Mapping[str, str]) -> tuple
     node = parse_vm_args(vm_args_path, env)
     configured_name = config[NODE_NAME]
     if configured_name is not None:
-        node = attrs.evolve(node, name=configured_name, name_source="config node_name")
+        node = attrs.evolve(
+            node, name=configured_name, name_source="config node_name", advertise=False
+        )
+    else:
+        # `-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}`: its host found now (docs/cluster.md).
+        node = advertise_node(node, config[CLUSTER_SEED_NODES], config[CLUSTER_SEED_DNS_NAME])
     check_distribution_cookie(node, env)
     return config, node
 

@@ -8,6 +8,10 @@ arguments are separated by blanks. This gateway reads three flags and ignores th
     -sname yuzu_gw                  the node name (short form; the host is this host's name)
     -setcookie ${YUZU_GW_COOKIE}    the distribution cookie
 
+`-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}` (the Erlang release's line) leaves the host to the
+advertise address: the variable when set, else found at boot (gateway/cluster/advertise.py),
+so with the variable unset the host is empty here instead of refused.
+
 Emulator flags (`+K true`, `+A 64`) and other `-` flags mean nothing to a Python node and are
 skipped. A flag's value must be on the flag's line: `-setcookie ${YUZU_GW_COOKIE}` with the
 variable unset leaves `-setcookie` alone on its line, which is the "unset" case the manual
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from gateway.cluster.advertise import ADVERTISE_VAR
 from gateway.refusal import BootRefused
 
 # The cookie an unset YUZU_GW_COOKIE falls back to. It is public (it was in the Erlang
@@ -40,6 +45,7 @@ CONFIG_UNREADABLE = "config_unreadable"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NODE_NAME = re.compile(r"[A-Za-z0-9_-]+@[A-Za-z0-9_.:-]+")
 _NAME_PART = re.compile(r"[A-Za-z0-9_-]+")
+_ADVERTISED_NAME = re.compile(r"-s?name\s+[A-Za-z0-9_-]+@\$\{" + ADVERTISE_VAR + r"\}")
 
 
 class CookieSource(enum.Enum):
@@ -61,6 +67,8 @@ class NodeArgs:
     cookie_source: CookieSource
     cookie_variables: tuple[str, ...]  # the ${VAR}s on the -setcookie line
     path: str
+    # The -name line is `short@${YUZU_GW_ADVERTISE_ADDR}`: its host is the advertise address.
+    advertise: bool = False
 
     @property
     def short_name(self) -> str:
@@ -93,6 +101,7 @@ def parse_vm_args(path: Path, env: Mapping[str, str]) -> NodeArgs:
         raise BootRefused(CONFIG_UNREADABLE, f"cannot read vm.args {path}: {reason}") from None
     name: str | None = None
     name_source = "default"
+    advertise = False
     cookie: str | None = None
     cookie_source = CookieSource.DEFAULT
     cookie_variables: tuple[str, ...] = ()
@@ -106,7 +115,10 @@ def parse_vm_args(path: Path, env: Mapping[str, str]) -> NodeArgs:
             if flag in ("-name", "-sname"):
                 if value is None:
                     raise BootRefused(BAD_VM_ARGS, f"{path}:{number}: {flag} without a name")
-                name, name_source = _full_name(value, flag, f"{path}:{number}"), f"vm.args {flag}"
+                advertise = bool(_ADVERTISED_NAME.fullmatch(_strip_comment(raw_line).strip()))
+                if not (advertise and value.endswith("@")):
+                    value = _full_name(value, flag, f"{path}:{number}")
+                name, name_source = value, f"vm.args {flag}"
                 i += 2
             elif flag == "-setcookie":
                 cookie_variables = used
@@ -125,6 +137,7 @@ def parse_vm_args(path: Path, env: Mapping[str, str]) -> NodeArgs:
         cookie_source=cookie_source,
         cookie_variables=cookie_variables,
         path=str(path),
+        advertise=advertise,
     )
 
 

@@ -63,7 +63,7 @@ def cmd_supervise(run_dir: Path, env: Mapping[str, str], count_text: str, logs: 
     from gateway.config import default_paths, load  # noqa: PLC0415
     from gateway.logs import configure_logging  # noqa: PLC0415
     from gateway.refusal import BootRefused, log_refusal  # noqa: PLC0415
-    from gateway.release.plan import cpu_count, parse_count, plan  # noqa: PLC0415
+    from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan  # noqa: PLC0415
     from gateway.release.supervisor import EXIT_FAILED, Logs, ReleaseSupervisor  # noqa: PLC0415
 
     configure_logging(env)
@@ -84,7 +84,11 @@ def cmd_supervise(run_dir: Path, env: Mapping[str, str], count_text: str, logs: 
         return EXIT_FAILED
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     supervisor = ReleaseSupervisor(
-        plans, env, run_dir, logs=Logs(logs), stop_timeout_s=_stop_timeout(env, None)
+        plans,
+        pin_advertise(env, node),
+        run_dir,
+        logs=Logs(logs),
+        stop_timeout_s=_stop_timeout(env, None),
     )
     return asyncio.run(supervisor.run())
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from gateway.cluster.advertise import ADVERTISE_VAR
 from gateway.config import Config
 from gateway.config.keys.cluster import CLUSTER_PORT
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
@@ -125,6 +126,16 @@ def plan(config: Config, node: NodeArgs, count: int) -> tuple[NodePlan, ...]:
         ports = (own[HEALTH_PORT], own[PROMETHEUS_PORT], own[CLUSTER_PORT])
         plans.append(NodePlan(index, identity.name, *ports))
     return tuple(plans)
+
+
+def pin_advertise(env: Mapping[str, str], node: NodeArgs) -> dict[str, str]:
+    """The environment the supervisor gives its nodes: with `-name short@${YUZU_GW_ADVERTISE_ADDR}`
+    the address the supervisor found, as the Erlang entrypoint exported it before the VM
+    started, so every node takes it at step 1 and names the host `nodes.json` records (a
+    detection of its own could answer otherwise, with DNS changing in between)."""
+    if not node.advertise:
+        return dict(env)
+    return {**env, ADVERTISE_VAR: node.name.partition("@")[2]}
 
 
 def node_env(env: Mapping[str, str], index: int) -> dict[str, str]:

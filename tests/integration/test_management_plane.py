@@ -67,12 +67,12 @@ async def gateway(tmp_path: Path, default_timeout_s: int = 300) -> AsyncIterator
 
 
 class Operator:
-    """One grpcio channel to the management listener (the server's replica, say)."""
+    """One grpcio channel to a management listener at `target`, host:port (the server's
+    replica, say)."""
 
-    def __init__(self, node: Node) -> None:
-        port = node.ctx.bound["listener_mgmt"][1]
+    def __init__(self, target: str) -> None:
         self.channel = grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            target, options=[("grpc.use_local_subchannel_pool", 1)]
         )
 
     def _method(self, kind: str, name: str, response: type[Any]) -> Any:
@@ -111,8 +111,11 @@ class Operator:
 
 
 @contextlib.asynccontextmanager
-async def operator(node: Node) -> AsyncIterator[Operator]:
-    made = Operator(node)
+async def operator(node: Node | str) -> AsyncIterator[Operator]:
+    """On `node`'s management listener, or on the one at `host:port` (a node in another
+    process)."""
+    target = node if isinstance(node, str) else f"127.0.0.1:{node.ctx.bound['listener_mgmt'][1]}"
+    made = Operator(target)
     try:
         yield made
     finally:

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ SERVICE = "/yuzu.agent.v1.AgentService/"
 COMMAND_TIMEOUT_S = 90
 DEADLINE_S = 20.0
 HOST = "127.0.0.1"
+# A node's config file with the placeholders `NodeConfig` fills; doubled braces are literal.
 CONFIG = """\
 [{{yuzu_gw, [
     {{health_port, {health}}},
@@ -50,49 +51,73 @@ CONFIG = """\
     {{heartbeat_batch_interval_ms, 100}},
     {{telemetry_gauge_interval_ms, 1000}},
     {{shutdown_flush_budget_ms, 2000}},
-    {{cluster_seed_nodes, []}},
+    {{cluster_seed_nodes, [{seed_terms}]}},
     {{cluster_seed_dns_name, <<"localhost">>}},
-    {{cluster_port, 0}},
+    {{cluster_redial_interval_ms, {redial_ms}}},
+    {{cluster_port, {cluster}}},
     {{upstream_client, #{{channels => [{{default_channel,
         [{{http, "127.0.0.1", {upstream}, []}}], #{{}}}}]}}}},
     {{grpc_listeners, [
         #{{name => agent,
           service_protos => [agent_pb],
           services => #{{'yuzu.agent.v1.AgentService' => yuzu_gw_agent_service}},
-          listen => #{{port => {agent}, ip => {{127,0,0,1}}}}}},
+          listen => #{{port => {agent}, ip => {{{ip}}}}}}},
         #{{name => mgmt,
           service_protos => [management_pb],
           services => #{{'yuzu.server.v1.ManagementService' => yuzu_gw_mgmt_service}},
-          listen => #{{port => {mgmt}, ip => {{127,0,0,1}}}}}}
+          listen => #{{port => {mgmt}, ip => {{{ip}}}}}}}
     ]}}
 ]}}].
 """
+# The shipped cluster_redial_interval_ms.
+REDIAL_MS = 5000
+
+
+@attrs.frozen(kw_only=True)
+class NodeConfig:
+    """A node's config file: its listeners on `host`, its peers `seeds` (none: the seed name,
+    localhost), its cluster port (0: a free one)."""
+
+    health: int
+    metrics: int
+    upstream: int
+    agent: int
+    mgmt: int
+    host: str = HOST
+    seeds: Sequence[str] = ()
+    cluster: int = 0
+    redial_ms: int = REDIAL_MS
+
+    def text(self) -> str:
+        terms = ", ".join(f'<<"{seed}">>' for seed in self.seeds)
+        return CONFIG.format(**attrs.asdict(self), ip=self.host.replace(".", ","), seed_terms=terms)
 
 
 # -- ports ---------------------------------------------------------------------------------
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int, host: str = HOST) -> bool:
     with socket.socket() as probe:
         try:
-            probe.bind((HOST, port))
+            probe.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports (per-node ports are offsets)."""
+def free_ports(count: int, hosts: Sequence[str] = (HOST,)) -> int:
+    """The first of `count` consecutive ports free on every one of `hosts` (loopback
+    addresses; per-node ports are offsets)."""
     for _ in range(200):
         base = random.randrange(20000, 60000 - count)
-        if all(_bindable(base + k) for k in range(count)):
+        if all(bindable(base + k, host) for host in hosts for k in range(count)):
             return base
     raise RuntimeError("no run of free ports")
 
 
-def refused(port: int) -> bool:
+def refused(port: int, host: str = HOST) -> bool:
     with socket.socket() as probe:
-        return probe.connect_ex((HOST, port)) != 0
+        return probe.connect_ex((host, port)) != 0
 
 
 # -- the release ---------------------------------------------------------------------------
@@ -161,9 +186,9 @@ async def release(tmp_path: Path, nodes: int) -> AsyncIterator[tuple[Release, Fa
         agent, mgmt = free_ports(1), free_ports(1)
         config = tmp_path / "multinode.config"
         config.write_text(
-            CONFIG.format(
+            NodeConfig(
                 health=health, metrics=metrics, upstream=fake.port, agent=agent, mgmt=mgmt
-            )
+            ).text()
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
         env.update(
@@ -182,12 +207,12 @@ async def release(tmp_path: Path, nodes: int) -> AsyncIterator[tuple[Release, Fa
 
 
 class Agent:
-    """One grpcio channel, so one connection to the shared agent port."""
+    """One grpcio channel, so one connection to the shared agent port (of `host`)."""
 
-    def __init__(self, port: int, agent_id: str) -> None:
+    def __init__(self, port: int, agent_id: str, host: str = HOST) -> None:
         self.agent_id = agent_id
         self.channel = grpc.aio.insecure_channel(
-            f"{HOST}:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            f"{host}:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
         )
         self.session_id = ""
         self.stream: grpc.aio.StreamStreamCall | None = None
