@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -49,6 +50,7 @@ from tests.bench.common import (
     Row,
     add_common_arguments,
     environment,
+    process_cpu_s,
     report,
     run_on_uvloop,
 )
@@ -175,7 +177,7 @@ async def run_benchmark(
             print(text, file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="yuzu-bench-owner-kill-") as tmp:
-        async with fake_server(latency_ms) as (port, _pid), gateway(Path(tmp), port) as node:
+        async with fake_server(latency_ms) as (port, server_pid), gateway(Path(tmp), port) as node:
             runtime = node.runtime
             assert runtime is not None
             progress(f"holding {agents} sessions")
@@ -206,6 +208,7 @@ async def run_benchmark(
             gc.collect()
             progress(f"killing {len(victims)} owners at once")
             started = time.perf_counter()
+            cpu, server_cpu = time.process_time(), process_cpu_s(server_pid)
             for row in victims:
                 runtime.kill(row.owner)
 
@@ -239,6 +242,8 @@ async def run_benchmark(
             reached_at = time.perf_counter()
             await wait_for(lambda: len(probe.answered) == len(watched), limit, "CONNECTED")
             recovery_s = max(reached_at, *probe.answered.values()) - started
+            cpu = time.process_time() - cpu
+            server_cpu = process_cpu_s(server_pid) - server_cpu
             channel.unary = unary  # type: ignore[method-assign]
             ended = sum(1 for h in handles.values() if h.ended)
             restarts = node.ctx.registry.get_sample_value(
@@ -246,7 +251,10 @@ async def run_benchmark(
             )
             progress(f"{len(victims) * 3} bare calls through the same channel and slots")
             gc.collect()
+            bare_cpu, bare_server_cpu = time.process_time(), process_cpu_s(server_pid)
             bare_s = await bare_calls(runtime, victims)
+            bare_cpu = time.process_time() - bare_cpu
+            bare_server_cpu = process_cpu_s(server_pid) - bare_server_cpu
     result: dict[str, Any] = {
         "benchmark": NAME,
         "agents": agents,
@@ -257,6 +265,13 @@ async def run_benchmark(
         "bare_calls_ms": round(bare_s * 1000, 1),
         "recovery_ratio_vs_bare": round(recovery_s / bare_s, 3),
         "reconnects": ended,
+        # CPU of each process over the recovery (to the last CONNECTED answered, polling
+        # included) and over the bare calls: on a shared host these move less than elapsed.
+        "gateway_cpu_s": round(cpu, 3),
+        "bare_gateway_cpu_s": round(bare_cpu, 3),
+        "server_cpu_s": round(server_cpu, 3),
+        "bare_server_cpu_s": round(bare_server_cpu, 3),
+        "load_average_1m": os.getloadavg()[0],
         "latency_ms": latency_ms,
         "targets_met": {
             "all_recovered": int(restarts or 0) == len(victims),
@@ -284,6 +299,15 @@ def table_rows(result: dict[str, Any]) -> list[Row]:
             f"<= {TARGET_RATIO}",
             met["within_1_3x_bare"],
         ),
+        Row(
+            "gateway CPU, recovery / bare",
+            f"{result['gateway_cpu_s']:.2f} / {result['bare_gateway_cpu_s']:.2f} s",
+        ),
+        Row(
+            "fake server CPU, recovery / bare",
+            f"{result['server_cpu_s']:.2f} / {result['bare_server_cpu_s']:.2f} s",
+        ),
+        Row("host load average (1 min)", f"{result['load_average_1m']:.2f}"),
     ]
 
 
