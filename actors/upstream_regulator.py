@@ -22,8 +22,10 @@ to its settings changes, and looks at the table again every second: when the cha
 (its actor ended) the limit is unknown (0, so the configured sizes apply) until a new channel
 is found. A channel that closes tells its listeners 0 itself, so that is usually immediate.
 
-A planned stop (`ActorExitRequest`) refuses every waiter with `stopping` before the actor ends,
-so no caller waits out its deadline for an answer that cannot come.
+A planned stop (`StopAdmitting`, then `ActorExitRequest`) refuses every waiter with `stopping`,
+so no caller waits out its deadline for an answer that cannot come, and after `StopAdmitting`
+every new request too. Each of those refusals is counted
+`yuzu_gw_upstream_permit_refused_total{reason="stopping"}`, like the core's own refusals.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ _LEVELS = {
 }
 
 RefusalReason = Literal["queue_full", "deadline", "stopping"]
+STOPPING: RefusalReason = "stopping"
 
 
 # --- messages ------------------------------------------------------------------------------------
@@ -205,7 +208,7 @@ class Regulator(Process):
         now = self.now()
         match msg:
             case Acquire(request_id=request_id) if self.stopping:
-                self.send(sender, PermitRefused(request_id, "stopping"))
+                self._refuse_stopping(request_id, sender)
             case Acquire(request_id=request_id, caller=caller, deadline=deadline):
                 self.askers[request_id] = sender
                 self._perform(self.pool.acquire(request_id, caller, deadline, now))
@@ -374,4 +377,8 @@ class Regulator(Process):
             if self.pool.is_waiting(request_id):
                 self.askers.pop(request_id)
                 self._perform(self.pool.cancel(request_id, self.now()))
-                self.send(asker, PermitRefused(request_id, "stopping"))
+                self._refuse_stopping(request_id, asker)
+
+    def _refuse_stopping(self, request_id: Hashable, asker: Address) -> None:
+        self.metrics.permit_refused.labels(STOPPING).inc()
+        self.send(asker, PermitRefused(request_id, STOPPING))

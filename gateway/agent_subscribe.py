@@ -16,7 +16,9 @@ Then the stream process only moves frames (actors/agent_messages.py is the contr
   agent registers again). After an abnormal exit it first waits up to 5 s (K32) for a restarted
   owner to take the session over (the owner table names the new one), and follows that one;
 - the agent going away (its stream reset, its connection closed, its frames undecodable) is
-  told to the owner as `StreamClosed`, and the owner ends `normal`.
+  told to the owner as `StreamClosed`, and the owner ends `normal`. So is the listener sending
+  the connection away (the overload go-away, docs/listeners.md), after which the stream ends
+  UNAVAILABLE with the connection's retry time in `grpc-retry-pushback-ms`.
 
 No task per message: one reader task per stream, and the handler's own task writes.
 """
@@ -37,6 +39,7 @@ from actors.registration import RESERVE_TIMEOUT_S
 from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
 from actors.sessions import OWNERS_TABLE, registry_address
 from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
+from gateway.listeners.connection import current_call
 from gateway.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
 from gateway.status import not_found, session_refused
 from gateway.upstream.methods import SESSION_ID_METADATA
@@ -61,6 +64,7 @@ _REATTACH_POLL_S = 0.05
 _AGENT_GONE = StreamEnd(Status.CANCELLED.value, "agent stream ended")
 _BAD_FRAME = StreamEnd(Status.INTERNAL.value, "a frame from the agent cannot be decoded")
 _OWNER_GONE = StreamEnd(Status.UNAVAILABLE.value, "agent session ended; register again")
+SENT_AWAY_DETAILS = "gateway overloaded; register again after the retry time"
 
 AgentStream = Stream[agent_pb2.CommandResponse, agent_pb2.CommandRequest]
 
@@ -174,6 +178,8 @@ class _StreamProcess:
     async def run(self) -> None:
         runtime = self.plane.runtime
         self._watch(self.owner)
+        connection = current_call().connection
+        connection.on_sent_away(self._sent_away)
         reader = asyncio.ensure_future(self._read())
         end: StreamEnd | None = None
         try:
@@ -187,6 +193,7 @@ class _StreamProcess:
         finally:
             reader.cancel()
             self._unwatch()
+            connection.forget_sent_away(self._sent_away)
             if end is None or end is _AGENT_GONE or end is _BAD_FRAME:
                 # The agent went away (or the handler was cancelled): the owner ends normal.
                 self.handle.close(_AGENT_GONE)
@@ -213,6 +220,14 @@ class _StreamProcess:
         await self.stream.send_trailing_metadata(
             status=Status(end.status), status_message=end.details or None, metadata=metadata
         )
+
+    def _sent_away(self, retry_after_ms: int) -> None:
+        """The listener sent this stream's connection away: the session ends as if the agent had
+        gone, and the stream tells it when to come back."""
+        hint = ((PUSHBACK_HEADER, str(retry_after_ms)),)
+        self.handle.close(StreamEnd(Status.UNAVAILABLE.value, SENT_AWAY_DETAILS, hint))
+        if self.plane.runtime.is_alive(self.owner):
+            self.plane.runtime.tell(self.owner, StreamClosed())
 
     # -- the agent's frames --
 

@@ -13,6 +13,7 @@ refused at the same moment comes back spread over the whole range:
 | `session_cap` | the per-connection session cap | 5 to 30 s |
 | `breaker` | the circuit breaker is open (`circuit_open`) | 10 to 30 s |
 | `stopping` | a planned stop (`stopping`) | 5 to 30 s |
+| `overloaded` | an agent listener's overload go-away (docs/listeners.md) | 150 to 300 s |
 
 grpclib refuses to send a `grpc-` key as metadata (the prefix is the transport's), so
 `send_refusal` writes the trailers itself, exactly as grpclib's `send_trailing_metadata` would,
@@ -39,6 +40,7 @@ __all__ = [
     "BREAKER_HINT_MS",
     "CAPACITY_HINT_MS",
     "HINT_RANGES_MS",
+    "OVERLOADED_HINT_MS",
     "PUSHBACK_HEADER",
     "SHORT_HINT_MS",
     "STOPPING_HINT_MS",
@@ -59,6 +61,7 @@ class RefusalKind(enum.Enum):
     SESSION_CAP = "session_cap"
     BREAKER = "breaker"
     STOPPING = "stopping"
+    OVERLOADED = "overloaded"
 
 
 # Seed 003, maxPendingHellos "250 ms to 2 s": a queue or a restart gap that clears in a second.
@@ -70,6 +73,9 @@ BREAKER_HINT_MS = (10_000, 30_000)
 # A planned stop lasts up to shutdown_flush_budget_ms (20 s by default): come back after it,
 # to this node restarted or to a peer, spread like a capacity refusal.
 STOPPING_HINT_MS = (5_000, 30_000)
+# Seed 001: a router at its high watermark sends members away "with a 5 minute retry time"; drawn
+# from its second half, so a batch sent away together does not come back together.
+OVERLOADED_HINT_MS = (150_000, 300_000)
 
 HINT_RANGES_MS: Mapping[RefusalKind, tuple[int, int]] = {
     RefusalKind.PERMITS: SHORT_HINT_MS,
@@ -78,6 +84,7 @@ HINT_RANGES_MS: Mapping[RefusalKind, tuple[int, int]] = {
     RefusalKind.SESSION_CAP: CAPACITY_HINT_MS,
     RefusalKind.BREAKER: BREAKER_HINT_MS,
     RefusalKind.STOPPING: STOPPING_HINT_MS,
+    RefusalKind.OVERLOADED: OVERLOADED_HINT_MS,
 }
 
 # Not for security: the jitter only has to differ between refusals.

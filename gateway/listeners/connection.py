@@ -12,6 +12,8 @@
 context variable the listener sets for each RPC stream's task); outside a call it raises
 `LookupError`. Heartbeat admission binds a session to `connection.key`; the registry learns
 that a connection went away from `on_close` callbacks or the listener's connection-closed hook.
+A Subscribe learns that the listener sent its connection away (the overload go-away,
+docs/listeners.md) from `on_sent_away`, and ends its stream with the retry time it is given.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import contextvars
 import itertools
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
 from supervisors.reason import ExitReason
 
 log = logging.getLogger("yuzu_gw.listeners")
+T = TypeVar("T")
 
 # One counter per process: keys stay unique across listeners and listener restarts, so a key
 # a registry still holds can never be handed to a newer connection.
@@ -39,7 +43,17 @@ def next_key() -> int:
 class ConnectionInfo:
     """One accepted connection. Slots: 60,000 of these may be alive at once."""
 
-    __slots__ = ("_callbacks", "_peer_der", "key", "listener", "open", "peer", "peer_port")
+    __slots__ = (
+        "_away",
+        "_callbacks",
+        "_peer_der",
+        "key",
+        "listener",
+        "open",
+        "peer",
+        "peer_port",
+        "sent_away_ms",
+    )
 
     def __init__(self, key: int, listener: str, peer: str, peer_port: int) -> None:
         self.key = key
@@ -49,6 +63,9 @@ class ConnectionInfo:
         self.open = True
         self._peer_der: bytes | None = None
         self._callbacks: list[Callable[[ConnectionInfo], None]] | None = None
+        # The retry time the connection was sent away with, once it was.
+        self.sent_away_ms: int | None = None
+        self._away: list[Callable[[int], None]] | None = None
 
     def attach(self, transport: object) -> None:
         """Called by the listener once the connection is established (after TLS). The peer
@@ -80,18 +97,41 @@ class ConnectionInfo:
         for callback in callbacks or ():
             _run(callback, self)
 
+    def on_sent_away(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(retry_after_ms)` once if the listener sends this connection away (at
+        once if it has). A stream that ends first takes it back with `forget_sent_away`."""
+        if self.sent_away_ms is not None:
+            _run(callback, self.sent_away_ms)
+            return
+        if self._away is None:
+            self._away = []
+        self._away.append(callback)
+
+    def forget_sent_away(self, callback: Callable[[int], None]) -> None:
+        if self._away is not None and callback in self._away:
+            self._away.remove(callback)
+
+    def sent_away(self, retry_after_ms: int) -> None:
+        """Called by the listener right after the connection's overload GOAWAY."""
+        if self.sent_away_ms is not None:
+            return
+        self.sent_away_ms = retry_after_ms
+        callbacks, self._away = self._away, None
+        for callback in callbacks or ():
+            _run(callback, retry_after_ms)
+
     def __repr__(self) -> str:
         state = "open" if self.open else "closed"
         return f"<Connection {self.key} on {self.listener} {state}>"
 
 
-def _run(callback: Callable[[ConnectionInfo], None], conn: ConnectionInfo) -> None:
+def _run(callback: Callable[[T], None], value: T) -> None:
     # A watcher's bug must not stop the others being told, nor the listener's bookkeeping;
     # the log gets the class and frame only (seed: crash redaction).
     try:
-        callback(conn)
+        callback(value)
     except Exception as exc:
-        log.error("a connection close callback raised: %s", ExitReason.crash(exc))
+        log.error("a connection callback raised: %s", ExitReason.crash(exc))
 
 
 @attrs.frozen(slots=True)

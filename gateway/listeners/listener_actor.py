@@ -12,6 +12,11 @@
   last stream id taken, debug data with the reason and a retry time; server.py, protocol.py):
   open streams run to their end, new streams are refused. The planned stop sends it right
   after `Suspend`, before the sessions end; it answers `Drained` with the connections told.
+- With `overload_goaway` configured, the actor runs that policy (actors/core/overload_goaway.py)
+  on one timer: at the high watermark it sends connections away at random down to the low one
+  (the graceful GOAWAY `overloaded`, their Subscribes end UNAVAILABLE with the same retry time,
+  drawn from the `overloaded` hint range) and closes those still open after the grace. A
+  draining listener runs it no more: the planned stop tells every connection itself.
 - The state is published in the protected table `listener:<name>` (row "state") for the
   `listeners` readiness check, which reads it without a message. The table dies with the
   actor, so a listener that crashed reads as not running until its successor is up.
@@ -23,16 +28,20 @@ from __future__ import annotations
 
 import errno
 import logging
+import random
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
+from thespian.actors import WakeupMessage
 
+from actors.core.overload_goaway import GRACE_S, Close, Effect, OverloadGoAway, SendAway
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.server import ListenerServer, Routes
 from gateway.listeners.spec import ListenerSpec
 from gateway.listeners.tls import TlsFilesUnusable
+from gateway.retry_hint import OVERLOADED_HINT_MS
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
 from supervisors.process import Process
@@ -46,6 +55,18 @@ SUSPENDED = "suspended"
 State = Literal["running", "suspended"]
 STATE_ROW = "state"
 _ACCEPT = "accept"
+_OVERLOAD = "overload"
+# Not for security: whom the overload go-away picks only has to be spread over the connections.
+_RANDOM = random.Random()
+OVERLOAD_ON_LOG = (
+    "gRPC listener %s sends connections away at its high watermark: high %d, low %d"
+    " (overload_goaway)"
+)
+OVERLOAD_LOG = (
+    "gRPC listener %s holds %d connections, at or above its high watermark %d: sent %d away"
+    " (GOAWAY overloaded, retry after %d to %d s) to bring it to the low watermark %d; closing"
+    " them in %g s"
+)
 
 
 def table_name(listener: str) -> str:
@@ -144,6 +165,11 @@ class ListenerActor(Process):
         log.info(
             "gRPC listener %s listening on %s", self.spec.name, describe(self.spec, self.address)
         )
+        marks = self.spec.overload_goaway
+        self.overload = OverloadGoAway(marks) if marks is not None else None
+        if marks is not None:
+            log.info(OVERLOAD_ON_LOG, self.spec.name, marks.high, marks.low)
+            self._overload_tick()
         if self.spec.tls is None and self.spec.serves_agent and not _loopback(self.spec.ip):
             log.warning(
                 "gRPC listener %s is plaintext on %s: do not expose it to an untrusted network"
@@ -162,6 +188,8 @@ class ListenerActor(Process):
                 self.send(sender, self._drain(reason, retry_after_ms))
             case GetState():
                 self.send(sender, self.table[STATE_ROW])
+            case WakeupMessage(payload=payload) if payload == _OVERLOAD:
+                self._overload_tick()
             case WorkerDone(tag=tag, error=error) if tag == _ACCEPT and error is not None:
                 # The accept loop met an error it cannot ride out: restart with a new socket.
                 raise error
@@ -203,6 +231,36 @@ class ListenerActor(Process):
         )
         return Drained(self.spec.name, told)
 
+    def _overload_tick(self) -> None:
+        assert self.overload is not None
+        if self.server.draining:
+            return  # the planned stop's drain has told every connection; the timer ends here
+        now = self.now()
+        self._overload_effects(self.overload.tick(now, self.server.live_keys(), _RANDOM))
+        self.wakeupAfter(self.overload.wakeup_in(now), _OVERLOAD)
+
+    def _overload_effects(self, effects: list[Effect]) -> None:
+        assert self.overload is not None
+        for effect in effects:
+            match effect:
+                case SendAway(connections=keys, counted=counted):
+                    told = sum(self.server.send_away(key, OVERLOADED_HINT_MS) for key in keys)
+                    low_ms, high_ms = OVERLOADED_HINT_MS
+                    log.warning(
+                        OVERLOAD_LOG,
+                        self.spec.name,
+                        counted,
+                        self.overload.marks.high,
+                        told,
+                        low_ms // 1000,
+                        high_ms // 1000,
+                        self.overload.marks.low,
+                        GRACE_S,
+                    )
+                case Close(connections=keys):
+                    for key in keys:
+                        self.server.close_connection(key)
+
     def _publish(self, state: State) -> ListenerState:
         row = ListenerState(self.spec.name, state, self.address, self.spec.serves_agent)
         self.table.insert(STATE_ROW, row)
@@ -216,6 +274,7 @@ class ListenerActor(Process):
             "listener": self.spec.name,
             "state": RUNNING if self.server.accepting else SUSPENDED,
             "draining": self.server.draining,
+            "sent_away_leaving": 0 if self.overload is None else self.overload.leaving,
             "port": self.address[1],
             "connections": self.server.connections,
             "max_connections": self.spec.limits.max_connections,

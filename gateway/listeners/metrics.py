@@ -1,11 +1,16 @@
-"""The listeners' counters (seed: "Origin counters", "Node-wide memory load shedding").
+"""The listeners' counters (seed: "Origin counters", "Node-wide memory load shedding"; seed
+001's go-away counter).
 
-Both origin labels come from closed sets and every series exists from the start at 0, so an
-alert on a rate sees a flat line rather than no data. An address is never a label, and the
-counters carry no listener label (the seed's families have none).
+Every label comes from a closed set and every series exists from the start at 0, so an alert on
+a rate sees a flat line rather than no data. An address is never a label. The seed's families
+carry no listener label; the GOAWAY counter does (its reasons differ between an agent listener
+and the management one), and its series are made when each listener's policy is (`goaways`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -13,6 +18,25 @@ from gateway.listeners.origin import Ignored, Mode
 
 EXTRA_REQUEST_DATA = "extra_request_data"
 STREAM_ENDED = "stream_ended"
+
+# Why a GOAWAY was sent: the two graceful ones (NO_ERROR, the connection's streams run to their
+# end), then those sent right before the gateway closes the connection.
+DRAINING: Final = "draining"  # a planned stop (seed 001: DRAINING on shutdown)
+OVERLOADED: Final = "overloaded"  # the overload go-away (seed 001: OVERLOADED)
+IDLE_TIMEOUT: Final = "idle_timeout"  # http2.idle_timeout, NO_ERROR
+MEMORY_BOUND: Final = "memory_bound"  # limits.max_connection_memory_bytes, ENHANCE_YOUR_CALM
+CANCEL_RATE: Final = "cancel_rate"  # http2.max_cancel_stream_rate, ENHANCE_YOUR_CALM
+GRACE_ENDED: Final = "grace_ended"  # still open 5 s after its overload go-away, NO_ERROR
+LISTENER_STOPPED: Final = "listener_stopped"  # the listener stops (a planned stop), NO_ERROR
+GOAWAY_REASONS: Final = (
+    DRAINING,
+    OVERLOADED,
+    IDLE_TIMEOUT,
+    MEMORY_BOUND,
+    CANCEL_RATE,
+    GRACE_ENDED,
+    LISTENER_STOPPED,
+)
 
 
 class ListenerMetrics:
@@ -48,6 +72,12 @@ class ListenerMetrics:
             reason: self.dropped_data_bytes.labels(reason)
             for reason in (EXTRA_REQUEST_DATA, STREAM_ENDED)
         }
+        self.goaway_sent = Counter(
+            "yuzu_gw_listener_goaway_sent",
+            "HTTP/2 GOAWAY frames the gateway sent, by listener and reason.",
+            ["listener", "reason"],
+            registry=registry,
+        )
         # Children resolved once: labels() is a dict lookup under a lock, per stream.
         self._ignored = {
             (mode, reason): self.origin_ignored.labels(mode.value, reason.value)
@@ -61,3 +91,7 @@ class ListenerMetrics:
     def dropped(self, reason: str, size: int) -> None:
         if size > 0:
             self._dropped[reason].inc(size)
+
+    def goaways(self, listener: str) -> Mapping[str, Counter]:
+        """The GOAWAY series of one listener, by reason, each made now at 0."""
+        return {reason: self.goaway_sent.labels(listener, reason) for reason in GOAWAY_REASONS}

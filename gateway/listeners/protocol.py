@@ -22,12 +22,14 @@ What this adds to grpclib's `H2Protocol` and `Handler`, each where grpclib leave
 - Per call: the origin of each RPC stream is decided (`origin.attribute`), counted when a
   claim is not used, and set with the connection in the `CURRENT_CALL` context variable of
   the stream's task (`connection.current_call()`).
-- Graceful GOAWAY (`go_away`, the planned stop's drain): a GOAWAY frame with NO_ERROR, the
-  highest stream id taken as its last stream id and debug data naming the reason and a retry
-  time (`goaway_debug`). It is written to the transport as frame bytes, because h2's
-  `close_connection` would forbid every later frame, and the streams open now must still send
-  their messages and trailers. h2 goes on accepting streams the client opens after it, so
-  each is reset REFUSED_STREAM before grpclib sees it (the client may retry it elsewhere).
+- Graceful GOAWAY (`go_away`: the planned stop's drain, the overload go-away): a GOAWAY frame
+  with NO_ERROR, the highest stream id taken as its last stream id and debug data naming the
+  reason and a retry time (`goaway_debug`). It is written to the transport as frame bytes,
+  because h2's `close_connection` would forbid every later frame, and the streams open now must
+  still send their messages and trailers. h2 goes on accepting streams the client opens after
+  it, so each is reset REFUSED_STREAM before grpclib sees it (the client may retry it elsewhere).
+- Every GOAWAY sent, graceful or before a close (`kill`), is counted with its reason in
+  `yuzu_gw_listener_goaway_sent_total{listener,reason}` (metrics.py names the reasons).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import contextlib
 import contextvars
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, cast
 
@@ -58,10 +60,20 @@ from h2.events import (
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
+from prometheus_client import Counter
 
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_settings import compact
-from gateway.listeners.metrics import EXTRA_REQUEST_DATA, STREAM_ENDED, ListenerMetrics
+from gateway.listeners.metrics import (
+    CANCEL_RATE,
+    DRAINING,
+    EXTRA_REQUEST_DATA,
+    IDLE_TIMEOUT,
+    MEMORY_BOUND,
+    OVERLOADED,
+    STREAM_ENDED,
+    ListenerMetrics,
+)
 from gateway.listeners.origin import (
     XFF_HEADER,
     Claim,
@@ -81,8 +93,16 @@ _WINDOW = 4 * 1024 * 1024
 _H2_MIN_WINDOW = 65_535
 # h2's default: header blocks beyond this are refused by HPACK before any handler runs.
 _MAX_HEADER_LIST_SIZE = 65_536
-# The reason of the planned stop's graceful GOAWAY (seed 001: a go-away says DRAINING on shutdown).
-DRAINING = "draining"
+
+__all__ = [
+    "DRAINING",
+    "OVERLOADED",
+    "ConnectionPolicy",
+    "GuardedBuffer",
+    "ListenerHandler",
+    "ListenerProtocol",
+    "goaway_debug",
+]
 
 
 def goaway_debug(reason: str, retry_after_ms: int) -> bytes:
@@ -107,6 +127,7 @@ class ConnectionPolicy:
     sources: Sources
     trusted_hops: int
     metrics: ListenerMetrics
+    goaways: Mapping[str, Counter]
 
     @classmethod
     def of(cls, spec: ListenerSpec, metrics: ListenerMetrics) -> ConnectionPolicy:
@@ -124,6 +145,7 @@ class ConnectionPolicy:
             sources=spec.origin.sources,
             trusted_hops=spec.origin.trusted_hops,
             metrics=metrics,
+            goaways=metrics.goaways(spec.name),
         )
 
     @property
@@ -243,7 +265,7 @@ class ListenerProtocol(H2Protocol):
                     self.policy.cancel_limit,
                     self.policy.cancel_period_s,
                 )
-                self.kill(ErrorCodes.ENHANCE_YOUR_CALM)
+                self.kill(ErrorCodes.ENHANCE_YOUR_CALM, CANCEL_RATE)
                 return
             self.processor.process(event)
         self.connection.flush()
@@ -255,7 +277,7 @@ class ListenerProtocol(H2Protocol):
                 self.info.key,
                 self.policy.memory_limit,
             )
-            self.kill(ErrorCodes.ENHANCE_YOUR_CALM)
+            self.kill(ErrorCodes.ENHANCE_YOUR_CALM, MEMORY_BOUND)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self.made:
@@ -268,8 +290,9 @@ class ListenerProtocol(H2Protocol):
         self.info.closed()
         self._on_lost(self)
 
-    def kill(self, code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
-        """GOAWAY with `code`, then close. Established streams end with the connection."""
+    def kill(self, code: ErrorCodes, reason: str) -> None:
+        """GOAWAY with `code` (counted as `reason`), then close. Established streams end with
+        the connection."""
         if self._killed or self._transport is None:
             return
         self._killed = True
@@ -279,11 +302,12 @@ class ListenerProtocol(H2Protocol):
                 # h2 counts the streams it refused since.
                 self._h2.close_connection(error_code=code, last_stream_id=self._drained)
                 self.connection.flush()
+                self.policy.goaways[reason].inc()
             except Exception:  # the connection may already be broken; closing is what counts
                 log.debug("gRPC listener %s: GOAWAY not sent", self.policy.listener)
         self._transport.close()
 
-    def go_away(self, debug: bytes) -> bool:
+    def go_away(self, reason: str, retry_after_ms: int) -> bool:
         """The graceful GOAWAY (module doc): the streams open now run to their end, new ones
         are refused. False when the connection is closing or has had its GOAWAY already."""
         transport, h2 = self._transport, self._h2
@@ -294,11 +318,15 @@ class ListenerProtocol(H2Protocol):
         self.connection.flush()  # what h2 holds goes out before the GOAWAY
         last = h2.highest_inbound_stream_id
         frame = GoAwayFrame(
-            0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR, additional_data=debug
+            0,
+            last_stream_id=last,
+            error_code=ErrorCodes.NO_ERROR,
+            additional_data=goaway_debug(reason, retry_after_ms),
         )
         # A stream transport (uvloop's do not subclass asyncio's, hence the cast).
         cast("asyncio.WriteTransport", transport).write(frame.serialize())
         self._drained = last
+        self.policy.goaways[reason].inc()
         return True
 
     def _refuse(self, event: Any) -> None:
@@ -318,7 +346,7 @@ class ListenerProtocol(H2Protocol):
         quiet = self.loop.time() - self._last_rx
         if quiet >= self.policy.idle_timeout_s:
             self._idle = None
-            self.kill(ErrorCodes.NO_ERROR)
+            self.kill(ErrorCodes.NO_ERROR, IDLE_TIMEOUT)
             return
         # Re-armed only when it fires: a busy connection costs one timer per idle period,
         # not one per received packet.

@@ -22,6 +22,10 @@ before a TLS handshake. So:
   connection, and on each one established after it, for as long as the listener lives: open
   streams run to their end, new streams are refused. Each connection's debug data carries its
   own retry time, drawn from the range given, so a fleet told together comes back spread.
+- `send_away()` is the overload go-away of one connection (the listener actor's policy,
+  actors/core/overload_goaway.py): the graceful GOAWAY `overloaded`, then its Subscribes are
+  told (`ConnectionInfo.sent_away`) and end UNAVAILABLE with the same retry time;
+  `close_connection()` closes it when its grace has passed.
 """
 
 from __future__ import annotations
@@ -34,21 +38,17 @@ import os
 import random
 import socket
 import ssl
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, KeysView
 
 from grpclib.config import Configuration
 from grpclib.const import Handler as MethodHandler
 from grpclib.server import Server
+from h2.errors import ErrorCodes
 
 from gateway.listeners.connection import ConnectionInfo, next_key
-from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.metrics import GRACE_ENDED, LISTENER_STOPPED, OVERLOADED, ListenerMetrics
 from gateway.listeners.origin import Claim, Mode, peer_address
-from gateway.listeners.protocol import (
-    ConnectionPolicy,
-    ListenerHandler,
-    ListenerProtocol,
-    goaway_debug,
-)
+from gateway.listeners.protocol import ConnectionPolicy, ListenerHandler, ListenerProtocol
 from gateway.listeners.proxy_header import (
     V1_MAX,
     V1_PREFIX,
@@ -149,7 +149,8 @@ class ListenerServer:
         self._count = 0
         self._slot_freed: asyncio.Event | None = None
         self._setups: set[asyncio.Task[None]] = set()
-        self._live: set[ListenerProtocol] = set()
+        # Established connections by key (ConnectionInfo.key).
+        self._live: dict[int, ListenerProtocol] = {}
         # (reason, retry range in ms) once `drain` was called.
         self._draining: tuple[str, tuple[int, int]] | None = None
         self._exhausted_logged_at = -_EXHAUSTED_LOG_INTERVAL_S
@@ -167,7 +168,11 @@ class ListenerServer:
         return self._count
 
     def live(self) -> list[ListenerProtocol]:
-        return list(self._live)
+        return list(self._live.values())
+
+    def live_keys(self) -> KeysView[int]:
+        """The established connections' keys, set-like (the overload policy reads it)."""
+        return self._live.keys()
 
     @property
     def draining(self) -> bool:
@@ -179,12 +184,30 @@ class ListenerServer:
         """The graceful GOAWAY on every established connection and on each one established
         from now on (module doc); returns how many connections it was sent on now."""
         self._draining = (reason, retry_after_ms)
-        return sum(self._go_away(protocol) for protocol in list(self._live))
+        return sum(self._go_away(protocol) for protocol in list(self._live.values()))
 
     def _go_away(self, protocol: ListenerProtocol) -> bool:
         assert self._draining is not None
         reason, (low, high) = self._draining
-        return protocol.go_away(goaway_debug(reason, _RANDOM.randint(low, high)))
+        return protocol.go_away(reason, _RANDOM.randint(low, high))
+
+    def send_away(self, key: int, retry_after_ms: tuple[int, int]) -> bool:
+        """The overload go-away of connection `key` (module doc), its retry time drawn from
+        `retry_after_ms`; False when it is gone or was told to go already."""
+        protocol = self._live.get(key)
+        if protocol is None:
+            return False
+        retry_ms = _RANDOM.randint(*retry_after_ms)
+        if not protocol.go_away(OVERLOADED, retry_ms):
+            return False
+        protocol.info.sent_away(retry_ms)
+        return True
+
+    def close_connection(self, key: int) -> None:
+        """GOAWAY, then close: the grace of an overload go-away has passed."""
+        protocol = self._live.get(key)
+        if protocol is not None:
+            protocol.kill(ErrorCodes.NO_ERROR, GRACE_ENDED)
 
     # -- the listen socket ----------------------------------------------------------------
 
@@ -229,8 +252,8 @@ class ListenerServer:
         self.suspend()
         for task in list(self._setups):
             task.cancel()
-        for protocol in list(self._live):
-            protocol.kill()
+        for protocol in list(self._live.values()):
+            protocol.kill(ErrorCodes.NO_ERROR, LISTENER_STOPPED)
 
     # -- accepting -----------------------------------------------------------------------
 
@@ -332,12 +355,12 @@ class ListenerServer:
         self._free_slot()
 
     def _made(self, protocol: ListenerProtocol) -> None:
-        self._live.add(protocol)
+        self._live[protocol.info.key] = protocol
         if self._draining is not None:
             self._go_away(protocol)
 
     def _lost(self, protocol: ListenerProtocol) -> None:
-        self._live.discard(protocol)
+        self._live.pop(protocol.info.key, None)
         self._free_slot()
         if self._on_connection_closed is not None:
             try:

@@ -1,10 +1,11 @@
 """`{grpc_listeners, [...]}`: from the config term to validated, frozen `ListenerSpec`s.
 
 Rules of this module (seed: "gRPC listeners", "Client addresses behind a proxy", "Moving the
-agent edge to mutual TLS", "TLS posture (M1)"):
+agent edge to mutual TLS", "TLS posture (M1)"; seed 001's go-away for `overload_goaway`):
 
 - Every entry is validated before anything is bound, and closed: an entry and each of its
-  `listen`, `tls`, `http2`, `limits` and `origin` maps may carry only the keys below.
+  `listen`, `tls`, `http2`, `limits`, `origin` and `overload_goaway` maps may carry only the
+  keys below.
 - Every defect refuses boot with a `BootRefused` whose term names it; the detail names the
   entry and the key, never a value that could be a path or a secret.
 - This module sees one config term. Rules that need another key (`allow_no_listeners`) or
@@ -28,6 +29,8 @@ Defect terms, checked in this order for each entry:
 | `mapped_source_prefix` | an IPv4-mapped source network with a prefix of 96 or less |
 | `forwarded_for_with_auth_fun` | `forwarded_for` together with an `auth_fun` |
 | `proxied_mgmt_listener` | a management listener off loopback whose origin is not `transport` |
+| `overload_goaway_on_mgmt_listener` | `overload_goaway` on a listener serving management |
+| `low_watermark_not_below_high` | an `overload_goaway` low_watermark at or above its high one |
 
 and across entries: `duplicate_name`, `duplicate_port` (a fixed port, not 0, used twice).
 """
@@ -41,6 +44,7 @@ from typing import Literal
 
 import attrs
 
+from actors.core.overload_goaway import Watermarks, WatermarksRefused
 from gateway.config.closed import CONFIG_SHAPE, closed_map
 from gateway.config.converters import BadValue, text_of
 from gateway.config.redact import shown_value
@@ -78,6 +82,7 @@ ENTRY_KEYS = frozenset(
         "http2",
         "limits",
         "origin",
+        "overload_goaway",
     }
 )
 LISTEN_KEYS = frozenset({"port", "ip"})
@@ -86,6 +91,7 @@ TLS_FILES = ("certfile", "keyfile", "cacertfile")
 HTTP2_KEYS = frozenset({"idle_timeout", "max_concurrent_streams", "max_cancel_stream_rate"})
 LIMITS_KEYS = frozenset({"max_connections", "max_connection_memory_bytes", "request_timeout_ms"})
 ORIGIN_KEYS = frozenset({"mode", "sources", "trusted_hops"})
+OVERLOAD_KEYS = frozenset({"high_watermark", "low_watermark"})
 # The grpcbox server shape (`{grpcbox, [{servers, [#{grpc_opts => ..., ...}]}]}`) that an
 # entry copied from an old config still carries; the upgrade table maps each to a new key.
 LEGACY_KEYS = frozenset(
@@ -104,6 +110,8 @@ BAD_ORIGIN_SOURCE = "bad_origin_source"
 MAPPED_SOURCE_PREFIX = "mapped_source_prefix"
 FORWARDED_FOR_WITH_AUTH_FUN = "forwarded_for_with_auth_fun"
 PROXIED_MGMT = "proxied_mgmt_listener"
+OVERLOAD_ON_MGMT = "overload_goaway_on_mgmt_listener"
+LOW_NOT_BELOW_HIGH = "low_watermark_not_below_high"
 DUPLICATE_NAME = "duplicate_name"
 DUPLICATE_PORT = "duplicate_port"
 
@@ -182,6 +190,8 @@ class ListenerSpec:
     http2: Http2Spec = attrs.field(factory=Http2Spec)
     limits: LimitsSpec = attrs.field(factory=LimitsSpec)
     origin: OriginSpec = attrs.field(factory=OriginSpec)
+    # The overload go-away's marks; None (the default) is off (docs/listeners.md).
+    overload_goaway: Watermarks | None = None
 
     @property
     def routes_agent(self) -> bool:
@@ -319,6 +329,18 @@ def parse_entry(term: Term, index: int) -> ListenerSpec:
             f"{entry.where()} serves the management service on a network address with origin"
             f" {origin.mode.value}; the management listener is never proxied",
         )
+    limits = _limits(entry, keys.get("limits", {}), agent_facing)
+    overload = None
+    if "overload_goaway" in keys:
+        if mgmt_facing:
+            # The server replicas hold these connections: sending them away cuts the operator
+            # plane, and they would only dial back (seed 001: peers are never sent away).
+            raise BootRefused(
+                OVERLOAD_ON_MGMT,
+                f"{entry.where()} serves the management service and has overload_goaway;"
+                " it is for agent-only listeners",
+            )
+        overload = _overload(entry, keys["overload_goaway"], limits.max_connections)
     return ListenerSpec(
         name=entry.name,
         service_protos=protos,
@@ -329,8 +351,9 @@ def parse_entry(term: Term, index: int) -> ListenerSpec:
         auth_fun=auth_fun,
         acceptors=_int(entry, "acceptors", keys.get("acceptors", DEFAULT_ACCEPTORS), 1, 1024),
         http2=_http2(entry, keys.get("http2", {}), agent_facing),
-        limits=_limits(entry, keys.get("limits", {}), agent_facing),
+        limits=limits,
         origin=origin,
+        overload_goaway=overload,
     )
 
 
@@ -478,6 +501,29 @@ def _limits(entry: _Entry, term: Term, agent: bool) -> LimitsSpec:
             3_600_000,
         ),
     )
+
+
+def _overload(entry: _Entry, term: Term, max_connections: int) -> Watermarks:
+    keys = closed_map(term, OVERLOAD_KEYS, entry.where("overload_goaway"))
+    # Above max_connections the mark is never reached: the listener stops accepting there.
+    high = _int(
+        entry,
+        "overload_goaway high_watermark",
+        keys.get("high_watermark", max_connections),
+        1,
+        max_connections,
+    )
+    low = keys.get("low_watermark")
+    if low is not None:
+        low = _int(entry, "overload_goaway low_watermark", low, 0)
+    try:
+        return Watermarks.of(high, low)
+    except WatermarksRefused as refused:
+        raise BootRefused(
+            LOW_NOT_BELOW_HIGH,
+            f"{entry.where('overload_goaway')}: {refused}; leave low_watermark unset for 15%"
+            " below the high one",
+        ) from None
 
 
 def _origin(entry: _Entry, term: Term) -> OriginSpec:

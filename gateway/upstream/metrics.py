@@ -53,7 +53,7 @@ __all__ = [
 HELD_CLASSES = ("register", "inventory")
 WAITING_CLASSES = ("register", "inventory", "replay")
 LIMIT_CLASSES = ("register", "inventory", "replay")
-REFUSAL_REASONS = ("queue_full", "deadline")
+REFUSAL_REASONS = ("queue_full", "deadline", "stopping")
 
 # rpc_name label values (SPEC_INDEX M16) by GatewayUpstream method.
 RPC_NAMES = {
