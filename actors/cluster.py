@@ -11,8 +11,11 @@ A permanent child of `gateway_sup`, after the router. It
    links that are up, and publishes the links that are up in the public table `cluster_links`
    (gateway/cluster/peers.py), which the router and the management plane read;
 3. forwards the commands the router could not deliver here (`ForwardCommand`) to every
-   connected peer, merges their answers (gateway/cluster/merge.py) and sends them to the router
-   as an owner would (`CommandAnswer`, `CommandFailed`); `ForgetCommand` cancels the calls.
+   connected peer, each on its link's command stream (gateway/cluster/commands.py), merges
+   their answers (gateway/cluster/merge.py) and sends them to the router as an owner would
+   (`CommandAnswer`, `CommandFailed`); `ForgetCommand` tells the peers to forget it. A link
+   whose stream ends (`LinkEnded`) is down at once: its commands' unanswered targets settle
+   `agent_disconnected` and the next round dials it again.
 
 Never logged: the cookie, commands, agent ids.
 """
@@ -29,11 +32,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from google.protobuf import empty_pb2
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 from thespian.actors import WakeupMessage
 
-from actors.cluster_messages import ForwardCommand, PeerEnded, PeerFrame
+from actors.cluster_messages import ForwardCommand, LinkEnded, PeerEnded, PeerFrame
 from actors.core.warn_limit import WarnLimiter
 from actors.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
 from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
@@ -71,7 +72,8 @@ _RESOLVE = "cluster_resolve"
 # A dial (connect + challenge) or a probe gets at most this long, and never more than a round.
 DIAL_TIMEOUT_S = 5.0
 # A forwarded command's peers get this much past the origin's deadline, so the origin's own
-# timer, not the peer's, decides TIMEOUT; the call is cut there if the peer is silent.
+# timer, not the peer's, decides TIMEOUT; a command still unanswered past it (its router went
+# without a ForgetCommand) is settled at the next round and the peers told to forget it.
 FORWARD_SLACK_S = 2.0
 _RUNNING = agent_pb2.CommandResponse.Status.RUNNING
 
@@ -82,12 +84,13 @@ def cluster_child_spec(ctx: NodeContext) -> ChildSpec:
 
 @attrs.define(eq=False)
 class _Remote:
-    """One forwarded command: its merge and one relay task per peer."""
+    """One forwarded command: its merge (peers are the links it went to) and its deadline."""
 
     command_id: str
     reply_to: Any
     merge: RemoteMerge
-    tasks: dict[PeerAddr, asyncio.Task[None]] = attrs.field(factory=dict)
+    links: tuple[PeerLink, ...]
+    expires: float
 
 
 class Cluster(Process):
@@ -139,23 +142,21 @@ class Cluster(Process):
                     held = response is not None
                     effects = remote.merge.frame(peer, agent_id, held, final)
                     self._apply(seq, remote, effects, response)
-            case PeerEnded(seq=seq, peer=peer, broken=broken):
-                if broken and self.membership.lost(cast(PeerAddr, peer)):
-                    self._link_down(cast(PeerAddr, peer))
+            case PeerEnded(seq=seq, peer=peer):
                 remote = self.remotes.get(seq)
                 if remote is not None:
-                    remote.tasks.pop(cast(PeerAddr, peer), None)
                     self._apply(seq, remote, remote.merge.peer_ended(peer))
+            case LinkEnded(peer=peer, refused=refused):
+                self._link_ended(cast(PeerLink, peer), refused)
             case ForgetCommand(command_id=command_id):
                 for seq, remote in list(self.remotes.items()):
                     if remote.command_id == command_id:
-                        self._drop(seq, remote)
+                        self._drop(seq, remote, forget=True)
             case _:
                 pass
 
     def terminate(self, reason: ExitReason) -> None:
-        for seq, remote in list(self.remotes.items()):
-            self._drop(seq, remote)
+        self.remotes.clear()
         if self.serving:
             # The node leaves the cluster: the peers' calls to it fail now, not at a deadline.
             self.server.leave()
@@ -190,6 +191,7 @@ class Cluster(Process):
     def _round(self) -> None:
         self._bind()
         self._perform(self.membership.tick(self.now()))
+        self._expire()
         self.wakeupAfter(self.interval_s, _ROUND)
 
     def _perform(self, effects: list[Effect]) -> None:
@@ -200,7 +202,7 @@ class Cluster(Process):
                 case Dial(addr=addr):
                     link = PeerLink(addr, self.cookie, self.node_id)
                     self.pending[addr] = link
-                    self.run_worker(link.challenge(self._dial_timeout()), ("dial", addr))
+                    self.run_worker(link.dial(self._dial_timeout(), self._tell), ("dial", addr))
                 case Probe(addr=addr):
                     probe = self.links.get(addr)
                     if probe is not None:
@@ -208,6 +210,10 @@ class Cluster(Process):
                             "Ping", empty_pb2.Empty(), empty_pb2.Empty, self._dial_timeout()
                         )
                         self.run_worker(call, ("probe", addr))
+
+    def _tell(self, msg: object) -> None:
+        """A link's answers, told from its own task."""
+        self.runtime.tell(self.myAddress, msg)
 
     def _dial_timeout(self) -> float:
         return min(DIAL_TIMEOUT_S, self.interval_s)
@@ -249,6 +255,8 @@ class Cluster(Process):
             case ("dial", addr):
                 link = self.pending.pop(addr)
                 outcome = cast(DialOutcome, done.result if error is None else "failed")
+                if outcome == "up" and link.ended:
+                    outcome = "failed"  # its stream broke before this was read: not up
                 if self.membership.dialed(addr, outcome):
                     self.links.insert(addr, link)
                     log.info("Cluster peer %s connected", addr)
@@ -303,33 +311,32 @@ class Cluster(Process):
             command=msg.command,
             timeout_seconds=max(1, math.ceil(remaining)) + 1,
         )
-        merge = RemoteMerge(msg.agent_ids, [link.addr for link in links])
-        remote = _Remote(command_id, msg.reply_to, merge)
-        self.remotes[seq] = remote
+        merge = RemoteMerge(msg.agent_ids, links)
+        expires = msg.deadline + FORWARD_SLACK_S
+        self.remotes[seq] = _Remote(command_id, msg.reply_to, merge, tuple(links), expires)
         for link in links:
-            remote.tasks[link.addr] = self.loop.create_task(
-                self._relay(seq, link, request, max(0.0, remaining) + FORWARD_SLACK_S)
-            )
+            link.forward(seq, request)
 
-    async def _relay(
-        self, seq: int, link: PeerLink, request: mgmt.SendCommandRequest, timeout: float
-    ) -> None:
-        """Tell this actor each frame of one peer's answer, then how the call ended (broken:
-        the link failed, as opposed to the peer answering with a status)."""
-        tell, me = self.runtime.tell, self.myAddress
-        broken = False
-        try:
-            async for frame in link.stream(
-                "SendCommand", request, mgmt.SendCommandResponse, timeout
-            ):
-                response = frame.response if frame.HasField("response") else None
-                tell(me, PeerFrame(seq, link.addr, frame.agent_id, response))
-        except GRPCError as exc:
-            broken = exc.status is Status.UNAUTHENTICATED
-        except Exception:  # the connection failed or the peer went silent past the deadline
-            broken = True
-        finally:
-            tell(me, PeerEnded(seq, link.addr, broken))
+    def _link_ended(self, link: PeerLink, refused: bool) -> None:
+        """The link's command stream is over: every command on it has its last word from that
+        peer now, and the link is down (the next round dials it again)."""
+        if refused:
+            self.metrics.refused.inc()
+        for seq, remote in list(self.remotes.items()):
+            if link in remote.links:
+                self._apply(seq, remote, remote.merge.peer_ended(link))
+        if self.links.get(link.addr) is link and self.membership.lost(link.addr):
+            self._link_down(link.addr)
+
+    def _expire(self) -> None:
+        """Forwarded commands still owed past their deadline and slack (their router went
+        without a ForgetCommand): settled, and their peers told to forget them."""
+        now = self.now()
+        for seq, remote in list(self.remotes.items()):
+            if remote.expires <= now:
+                self._drop(seq, remote, forget=True)
+                effects = [e for link in remote.links for e in remote.merge.peer_ended(link)]
+                self._apply(seq, remote, effects)
 
     def _apply(
         self,
@@ -348,11 +355,11 @@ class Cluster(Process):
         if remote.merge.done:
             self._drop(seq, remote)
 
-    def _drop(self, seq: int, remote: _Remote) -> None:
-        self.remotes.pop(seq, None)
-        for task in remote.tasks.values():
-            task.cancel()
-        remote.tasks.clear()
+    def _drop(self, seq: int, remote: _Remote, *, forget: bool = False) -> None:
+        """`forget`: the command ended here before every peer answered; they drop it too."""
+        if self.remotes.pop(seq, None) is not None and forget:
+            for link in remote.links:
+                link.forget(seq)
 
 
 _NOT_CONNECTED = cast(FailReason, "not_connected")

@@ -3,6 +3,8 @@
     router -> cluster   ForwardCommand(command, agent_ids, deadline, reply_to)  not held here
     cluster -> router   CommandAnswer / CommandFailed, as an owner sends them   per target
     router -> cluster   ForgetCommand(command_id)                                the command ended
+    link -> cluster     PeerFrame / PeerEnded per forwarded command, LinkEnded once
+                        (gateway/cluster/commands.py, told from the link's own task)
 
 `LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router: routed to
 this node's agents only (never forwarded again, so a command cannot loop between nodes), and a
@@ -17,7 +19,7 @@ from actors.router_messages import RouteCommand
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 
-__all__ = ["ForwardCommand", "LocalRouteCommand", "PeerEnded", "PeerFrame"]
+__all__ = ["ForwardCommand", "LinkEnded", "LocalRouteCommand", "PeerEnded", "PeerFrame"]
 
 
 @attrs.frozen(eq=False)
@@ -38,7 +40,7 @@ class ForwardCommand:
 
 @attrs.frozen(eq=False)
 class PeerFrame:
-    """A relay's frame from one peer (the cluster actor's own worker tells it)."""
+    """One frame of a peer's answer to forwarded command `seq`; `peer` is the link."""
 
     seq: int
     peer: object
@@ -48,8 +50,17 @@ class PeerFrame:
 
 @attrs.frozen
 class PeerEnded:
-    """A relay's call is over; `broken` when its link failed (not a status of the peer)."""
+    """The peer has no more word on forwarded command `seq` (its router ended, it refused)."""
 
     seq: int
     peer: object
-    broken: bool = False
+
+
+@attrs.frozen
+class LinkEnded:
+    """The link's command stream is over (the peer left, the connection broke, the link was
+    closed); `refused` when this node refused a frame of the peer (its MAC or sequence number).
+    """
+
+    peer: object
+    refused: bool = False

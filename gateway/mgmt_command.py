@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from typing import Literal
+from typing import Literal, Protocol
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -59,6 +59,8 @@ __all__ = [
     "ROUTER_DOWN_DETAILS",
     "ROUTER_UNAVAILABLE_DETAILS",
     "OperatorSink",
+    "ResponseWriter",
+    "run_command",
     "send_command",
 ]
 
@@ -78,6 +80,16 @@ _ENDED_LOG = (
 )
 
 CommandStream = Stream[management_pb2.SendCommandRequest, management_pb2.SendCommandResponse]
+
+
+class ResponseWriter(Protocol):
+    """Where a command's responses are written: the operator's stream, or a peer's command
+    stream (gateway/cluster/commands.py). `send_message` waits for the reader (the sink bounds
+    what waits meanwhile); `cancel` resets a stream nobody reads."""
+
+    async def send_message(self, message: management_pb2.SendCommandResponse) -> None: ...
+
+    async def cancel(self) -> None: ...
 
 
 class OperatorSink:
@@ -193,9 +205,22 @@ class OperatorSink:
             waiter.set_result(None)
 
 
-async def send_command(plane: MgmtPlane, stream: CommandStream, *, local: bool = False) -> None:
-    """An operator's command (`local`: a peer's forwarded command, for this node's agents)."""
+async def send_command(plane: MgmtPlane, stream: CommandStream) -> None:
+    """An operator's command."""
     request = await receive(stream)
+    await run_command(plane, request, stream)
+
+
+async def run_command(
+    plane: MgmtPlane,
+    request: management_pb2.SendCommandRequest,
+    stream: ResponseWriter,
+    *,
+    local: bool = False,
+) -> CommandOutcome:
+    """One command, its responses written to `stream` until it is over (`local`: a peer's
+    forwarded command, gateway/cluster/commands.py, for this node's agents); the outcome
+    counted."""
     metrics = plane.metrics
     command = request.command
     if not command.command_id:
@@ -231,9 +256,10 @@ async def send_command(plane: MgmtPlane, stream: CommandStream, *, local: bool =
     if sink.failure is not None:
         plane.warn(("router", sink.failure), _ENDED_LOG, sink.failure)
         raise GRPCError(Status.UNAVAILABLE, ROUTER_DOWN_DETAILS)
+    return outcome
 
 
-async def _relay(stream: CommandStream, sink: OperatorSink) -> CommandOutcome:
+async def _relay(stream: ResponseWriter, sink: OperatorSink) -> CommandOutcome:
     """Write until the sink is over; the outcome to count."""
     try:
         async with asyncio.timeout(None) as bound:

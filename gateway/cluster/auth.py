@@ -7,6 +7,13 @@ dialler checks that proof (so it knows the dialled node has the cookie, for this
 and a sequence number; the dialled node accepts a `(sn, seq)` once (`ReplayWindow`), so a
 captured call cannot be played again. The cookie itself never crosses the wire.
 
+A link's command stream (gateway/cluster/commands.py) is opened by one such signed call; each
+of its frames is then sealed on its own: `HMAC(key, direction|kind|seq|id|body)` under a key
+derived from that call's `(sn, seq)` (`stream_key`), with a sequence number per direction that
+must be exactly the previous one plus one (`Opener`). A frame cannot be forged without the
+cookie, altered, replayed, dropped, reordered, moved to another stream or link, or reflected
+back to its sender; answers are sealed as commands are.
+
 Pure: no sockets, no clock. HMAC-SHA256, compared in constant time.
 """
 
@@ -16,19 +23,26 @@ import collections
 import hashlib
 import hmac
 import secrets
+import struct
 
 __all__ = [
     "MAX_SERVER_NONCES",
     "REPLAY_WINDOW",
+    "UNAUTHENTICATED_DETAILS",
+    "Opener",
     "ReplayWindow",
+    "Sealer",
     "ServerNonces",
     "call_proof",
     "new_nonce",
     "parse_call_auth",
     "server_proof",
+    "stream_key",
     "verify",
 ]
 
+# The details of every UNAUTHENTICATED refusal (it says nothing of what was wrong).
+UNAUTHENTICATED_DETAILS = "cluster authentication failed"
 # 128-bit nonces: never repeated in practice, so a proof is never valid for another link.
 NONCE_BYTES = 16
 # Calls of one link may reach the handler slightly out of order (HTTP/2 streams are started in
@@ -37,6 +51,9 @@ REPLAY_WINDOW = 4096
 # Links the node accepts at once; the oldest challenge is forgotten past it (its dialler's next
 # call is refused UNAUTHENTICATED and it challenges again at its next round).
 MAX_SERVER_NONCES = 1024
+# A sealed frame: kind (1 byte), sequence number and command id (8 bytes each), then the MAC.
+FRAME_HEAD = struct.Struct(">cQQ")
+MAC_BYTES = hashlib.sha256().digest_size
 
 
 def new_nonce() -> str:
@@ -115,3 +132,49 @@ class ServerNonces:
         if window is None or not verify(call_proof(cookie, nonce, seq, method), mac):
             return False
         return window.accept(seq)
+
+
+def stream_key(cookie: str, server_nonce: str, seq: int) -> bytes:
+    """The key of the command stream a signed call `(server_nonce, seq)` opened."""
+    return hmac.digest(cookie.encode(), f"stream|{server_nonce}|{seq}".encode(), "sha256")
+
+
+class Sealer:
+    """Seals the frames one side sends on a command stream, numbered from 1."""
+
+    __slots__ = ("_direction", "_key", "_seq")
+
+    def __init__(self, key: bytes, direction: bytes) -> None:
+        self._key = key
+        self._direction = direction
+        self._seq = 0
+
+    def seal(self, kind: bytes, command_id: int, body: bytes) -> bytes:
+        self._seq += 1
+        head = FRAME_HEAD.pack(kind, self._seq, command_id)
+        return head + hmac.digest(self._key, self._direction + head + body, "sha256") + body
+
+
+class Opener:
+    """Opens the frames one side receives: each sealed for this direction and numbered exactly
+    one past the last one opened, else refused (None) and the stream is not to be trusted."""
+
+    __slots__ = ("_direction", "_key", "_seq")
+
+    def __init__(self, key: bytes, direction: bytes) -> None:
+        self._key = key
+        self._direction = direction
+        self._seq = 0
+
+    def open(self, data: bytes) -> tuple[bytes, int, bytes] | None:
+        """(kind, command id, body), or None."""
+        start = FRAME_HEAD.size + MAC_BYTES
+        if len(data) < start:
+            return None
+        head, mac, body = data[: FRAME_HEAD.size], data[FRAME_HEAD.size : start], data[start:]
+        kind, seq, command_id = FRAME_HEAD.unpack(head)
+        expected = hmac.digest(self._key, self._direction + head + body, "sha256")
+        if seq != self._seq + 1 or not hmac.compare_digest(expected, mac):
+            return None
+        self._seq = seq
+        return kind, command_id, body

@@ -10,14 +10,16 @@ a local operator's would be:
 | --- | --- | --- |
 | Challenge | Empty -> Empty | nonces and the dialled node's proof, in metadata |
 | Ping | Empty -> Empty | nothing (the membership probe) |
-| SendCommand | SendCommandRequest -> stream SendCommandResponse | routes to its own agents (1) |
+| Commands | stream Frame -> stream Frame | the link's command stream (1) |
 | ListAgents, GetAgent | as the management plane | its own agents |
 | WatchEvents | WatchEventsRequest -> stream AgentEvent | its own agents' events |
 | HeldAgents | Empty -> WatchEventsRequest | the ids of its agents, in `agent_ids` |
 
-(1) A target it does not hold is a response with no `response` field (no agent answer lacks it).
+(1) Every forwarded SendCommand and its answers, as sealed frames (gateway/cluster/commands.py),
+routed to its own agents.
 
-`PeerLink` is the dialling side: one grpclib channel (one HTTP/2 connection) per peer.
+`PeerLink` is the dialling side: one grpclib channel (one HTTP/2 connection) per peer, and on
+it the link's one command stream.
 """
 
 from __future__ import annotations
@@ -36,10 +38,21 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
 from actors.sessions import held_agent_ids
-from gateway.cluster.auth import ServerNonces, call_proof, new_nonce, server_proof, verify
+from gateway.cluster.auth import (
+    UNAUTHENTICATED_DETAILS,
+    ServerNonces,
+    call_proof,
+    new_nonce,
+    parse_call_auth,
+    server_proof,
+    stream_key,
+    verify,
+)
+from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
 from gateway.cluster.seeds import PeerAddr
 from gateway.mgmt_agents import get_agent, list_agents
-from gateway.mgmt_command import send_command
+from gateway.mgmt_command import ResponseWriter, run_command
+from gateway.mgmt_metrics import CommandOutcome
 from gateway.mgmt_plane import MgmtPlane
 from gateway.mgmt_watch import watch_events
 from protos.yuzu.server.v1 import management_pb2 as mgmt
@@ -53,7 +66,6 @@ NONCE_KEY = "x-yuzu-cluster-nonce"
 PROOF_KEY = "x-yuzu-cluster-proof"
 NODE_KEY = "x-yuzu-cluster-node"
 AUTH_KEY = "x-yuzu-cluster-auth"
-UNAUTHENTICATED_DETAILS = "cluster authentication failed"
 _NONCE_CHARS = 32
 
 M = TypeVar("M", bound=Message)
@@ -81,12 +93,8 @@ class ClusterService:
             SERVICE + "HeldAgents": self._signed(
                 "HeldAgents", self._held, unary, Empty, mgmt.WatchEventsRequest
             ),
-            SERVICE + "SendCommand": self._signed(
-                "SendCommand",
-                lambda s: send_command(plane, s, local=True),
-                stream,
-                mgmt.SendCommandRequest,
-                mgmt.SendCommandResponse,
+            SERVICE + COMMANDS_METHOD: self._signed(
+                COMMANDS_METHOD, self._commands, Cardinality.STREAM_STREAM, Frame, Frame
             ),
             SERVICE + "ListAgents": self._signed(
                 "ListAgents",
@@ -152,6 +160,19 @@ class ClusterService:
         ids = held_agent_ids(self._plane.runtime) or []
         await stream.send_message(mgmt.WatchEventsRequest(agent_ids=ids))
 
+    async def _commands(self, stream: Stream[Frame, Frame]) -> None:
+        # `_signed` checked the signature: its (sn, seq) keys the stream's frames.
+        parsed = parse_call_auth(stream.metadata[AUTH_KEY]) if stream.metadata else None
+        assert parsed is not None
+        key = stream_key(self._cookie, parsed[0], parsed[1])
+        await serve_commands(stream, key, self._route, self._on_refused)
+
+    def _route(
+        self, request: mgmt.SendCommandRequest, stream: ResponseWriter
+    ) -> Awaitable[CommandOutcome]:
+        """A forwarded command, answered as a local operator's, for this node's agents."""
+        return run_command(self._plane, request, stream, local=True)
+
 
 class ClusterServer(Server):
     """grpclib's server plus `leave`: close the listener and every connection, so the peers'
@@ -201,10 +222,47 @@ class PeerLink:
         self._channel = Channel(addr.host, addr.port)
         self._server_nonce: str | None = None
         self._seq = 0
+        self._commands: CommandLink | None = None
         self.peer_node: str | None = None
 
     def close(self) -> None:
+        if self._commands is not None:
+            self._commands.close()
         self._channel.close()
+
+    async def dial(
+        self, timeout: float, deliver: Callable[[Any], None]
+    ) -> Literal["up", "self", "refused"]:
+        """The challenge, then the link's command stream (its answers go to `deliver`)."""
+        outcome = await self.challenge(timeout)
+        if outcome != "up":
+            return outcome
+        path = SERVICE + COMMANDS_METHOD
+        metadata = self._metadata(path)
+        assert self._server_nonce is not None
+        key = stream_key(self._cookie, self._server_nonce, self._seq)
+        self._commands = CommandLink(self, deliver)
+        try:
+            await self._commands.open(self._channel, path, metadata, key, timeout)
+        except GRPCError as exc:
+            if exc.status is Status.UNAUTHENTICATED:
+                return "refused"
+            raise
+        return "up"
+
+    @property
+    def ended(self) -> bool:
+        """The command stream opened and is over since (the link is down)."""
+        return self._commands is not None and self._commands.ended
+
+    def forward(self, command_id: int, request: mgmt.SendCommandRequest) -> None:
+        """Send forwarded command `command_id` on the command stream (never waits)."""
+        if self._commands is not None:
+            self._commands.forward(command_id, request)
+
+    def forget(self, command_id: int) -> None:
+        if self._commands is not None:
+            self._commands.forget(command_id)
 
     async def challenge(self, timeout: float) -> Literal["up", "self", "refused"]:
         """Prove the peer has the cookie; "self" when the address is this very node."""

@@ -16,7 +16,8 @@ each CONNECTED NotifyStreamStatus, which node (`gateway_node`) holds which agent
   each node's management listener, read on its console), sends `--broadcasts` broadcasts: the
   gateway CPU per SUCCESS answer. With two nodes it then sends `--commands` single-target
   commands one at a time, alternating between agents node 1 holds and agents node 2 holds: the
-  round trip p50 of each kind.
+  round trip p50 of each kind, and each node's CPU per command of each kind (its threads' run
+  time read around every command, summed per kind, less the node's idle rate over the same time).
 
 On a 2-core machine the load generators and the fake server share the cores with the nodes, so
 scaling is measured as cost, not speed. Each CPU figure has the nodes' idle CPU rate, read just
@@ -127,6 +128,9 @@ class Phase:
     local_ms: list[float] = field(default_factory=list)
     remote_ms: list[float] = field(default_factory=list)
     commands_failed: int = 0
+    # Per node, CPU seconds over the local / cross-node commands, idle share already taken off.
+    local_cpu_s: list[float] = field(default_factory=list)
+    remote_cpu_s: list[float] = field(default_factory=list)
 
     @property
     def cpu_us_per_heartbeat(self) -> float | None:
@@ -137,6 +141,16 @@ class Phase:
     def cpu_us_per_answer(self) -> float | None:
         work = self.broadcast_cpu_s - self.broadcast_idle_cpu_s
         return 1e6 * work / self.answers if self.answers else None
+
+
+def run_time_s(pid: int) -> float:
+    """Seconds the process's threads have run (/proc/<pid>/task/*/schedstat, in nanoseconds:
+    fine enough to read around one command, where /proc/<pid>/stat counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 async def settled(rel: Release, agents: int) -> None:
@@ -310,9 +324,18 @@ async def round_trips(
         progress(f"the kernel put every agent on one node: {result.agents_per_node}", quiet)
         return
     progress(f"{result.nodes} nodes: {load.commands} single-target commands", quiet)
+    pids = [node.pid for node in rel.nodes]
+    idle_before = [run_time_s(pid) for pid in pids]
+    await asyncio.sleep(IDLE_S)
+    idle = [(run_time_s(pid) - cpu) / IDLE_S for pid, cpu in zip(pids, idle_before, strict=True)]
+    result.local_cpu_s, result.remote_cpu_s = [0.0] * len(pids), [0.0] * len(pids)
     targets = zip(itertools.cycle(local), itertools.cycle(remote), strict=False)
     for n, (near, far) in zip(range(0, load.commands, 2), targets, strict=False):
-        for kind, target, times in (("l", near, result.local_ms), ("r", far, result.remote_ms)):
+        for kind, target, times, cpu in (
+            ("l", near, result.local_ms, result.local_cpu_s),
+            ("r", far, result.remote_ms, result.remote_cpu_s),
+        ):
+            before = [run_time_s(pid) for pid in pids]
             started = time.perf_counter()
             try:
                 final, ok, seconds = await _answers(
@@ -321,6 +344,9 @@ async def round_trips(
             except grpc.aio.AioRpcError:
                 final = ok = 0
                 seconds = 0.0
+            elapsed = time.perf_counter() - started
+            for index, pid in enumerate(pids):
+                cpu[index] += run_time_s(pid) - before[index] - idle[index] * elapsed
             if final == 1 and ok == 1:
                 times.append(1000.0 * seconds)
             else:
@@ -354,12 +380,20 @@ def _p50(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _per_command(cpu_s: list[float], count: int) -> list[float] | None:
+    """Microseconds per command, per node."""
+    return [1e6 * seconds / count for seconds in cpu_s] if cpu_s and count else None
+
+
 def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
     hb_ratio = _ratio(two.cpu_us_per_heartbeat, one.cpu_us_per_heartbeat)
     answer_ratio = _ratio(two.cpu_us_per_answer, one.cpu_us_per_answer)
     local_p50, remote_p50 = _p50(two.local_ms), _p50(two.remote_ms)
     rtt_ratio = _ratio(remote_p50, local_p50)
     expected_answers = load.broadcasts * load.agents
+    per_kind = load.commands // 2
+    local_cpu = _per_command(two.local_cpu_s, per_kind)
+    remote_cpu = _per_command(two.remote_cpu_s, per_kind)
     return {
         "benchmark": NAME,
         "agents": load.agents,
@@ -387,6 +421,11 @@ def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
         "local_rtt_p50_ms": local_p50,
         "cross_node_rtt_p50_ms": remote_p50,
         "cross_node_rtt_ratio": rtt_ratio,
+        "cpu_us_per_local_command_by_node": local_cpu,
+        "cpu_us_per_cross_node_command_by_node": remote_cpu,
+        "cross_node_cpu_ratio": _ratio(
+            sum(remote_cpu) if remote_cpu else None, sum(local_cpu) if local_cpu else None
+        ),
         "commands_failed": two.commands_failed,
         "raw": {
             str(p.nodes): {
@@ -427,6 +466,10 @@ async def run(load: Load, quiet: bool, *, keep: Path | None = None) -> dict[str,
 
 def _fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _fmt_nodes(values: list[float] | None) -> str:
+    return "n/a" if values is None else " + ".join(f"{v:.0f}" for v in values) + " us"
 
 
 def rows(result: dict[str, Any]) -> list[Row]:
@@ -471,6 +514,12 @@ def rows(result: dict[str, Any]) -> list[Row]:
             f"{_fmt(result['local_rtt_p50_ms'], 2, ' ms')}"
             f" / {_fmt(result['cross_node_rtt_p50_ms'], 2, ' ms')}",
         ),
+        Row(
+            "CPU per command (node 1 + node 2), local / cross-node",
+            f"{_fmt_nodes(result['cpu_us_per_local_command_by_node'])}"
+            f" / {_fmt_nodes(result['cpu_us_per_cross_node_command_by_node'])}",
+        ),
+        Row("cross-node / local CPU per command", _fmt(result["cross_node_cpu_ratio"])),
         Row(
             "cross-node / local round trip",
             _fmt(result["cross_node_rtt_ratio"]),
