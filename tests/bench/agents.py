@@ -314,6 +314,10 @@ class LoadGenerators:
 
     def __init__(self, processes: list[asyncio.subprocess.Process]) -> None:
         self.processes = processes
+        # The longest any heartbeat of the last window started after its due time, over every
+        # generator: how far the offered load was from evenly spread (a generator's own stall
+        # sends what fell due meanwhile as one burst).
+        self.send_late_max_s = 0.0
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -377,12 +381,15 @@ class LoadGenerators:
             assert process.stdin is not None
             process.stdin.write(f"heartbeat {window:g} {interval:g}\n".encode())
         ok = failed = 0
+        late_ms = 0.0
         for line in await self._read_all(window + START_TIMEOUT_S):
             parts = line.split()
-            if len(parts) != 3 or parts[0] != "heartbeats":
+            if len(parts) != 4 or parts[0] != "heartbeats":
                 raise RuntimeError(f"a load generator failed: {line!r}")
             ok += int(parts[1])
             failed += int(parts[2])
+            late_ms = max(late_ms, float(parts[3]))
+        self.send_late_max_s = late_ms / 1000.0
         return ok, failed
 
     async def joined(self, timeout: float) -> tuple[int, int]:
@@ -423,6 +430,7 @@ class Wave:
     agents_current: float | None = None
     heartbeats_ok: int = 0
     heartbeats_failed: int = 0
+    heartbeat_send_late_max_s: float | None = None
     max_stall_after_wave_s: float | None = None
     max_stall_s: float | None = None
     stalls_over_target_in_window: float | None = None
@@ -546,6 +554,7 @@ async def wave(
                 result.heartbeats_ok, result.heartbeats_failed = await generators.heartbeats(
                     heartbeating.window_s, heartbeating.interval_s
                 )
+                result.heartbeat_send_late_max_s = generators.send_late_max_s
                 before = stall_buckets(text)
                 busy_before = stall_buckets(text, BUSY_STALL_BUCKET_METRIC)
                 gc_before = [
@@ -660,6 +669,7 @@ async def run(
         "heartbeat_interval_s": heartbeating.interval_s,
         "heartbeats_acknowledged": gateway.heartbeats_ok,
         "heartbeats_failed": gateway.heartbeats_failed,
+        "heartbeat_send_late_max_ms": _ms(gateway.heartbeat_send_late_max_s),
         "full_gcs_in_window": gateway.full_gcs_in_window,
         "stalls_over_target_in_window": gateway.stalls_over_target_in_window,
         "max_loop_busy_stall_ms": _ms(gateway.max_busy_stall_s),
@@ -730,6 +740,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row(
             "heartbeats acknowledged / failed",
             f"{result['heartbeats_acknowledged']} / {result['heartbeats_failed']}",
+        ),
+        Row(
+            "longest a heartbeat left its load generator after its due time",
+            _fmt(result["heartbeat_send_late_max_ms"], 1, " ms"),
         ),
         Row(
             "longest event-loop stall, held and heartbeating (at most)",

@@ -48,6 +48,7 @@ from gateway.listeners.listener_actor import (
     Suspend,
 )
 from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.protocol import CLOSED_STREAMS_KEPT
 from gateway.listeners.proxy_header import Command, Family, ProxyHeader, encode_v2
 from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import ListenerBoard, listener_child_specs, resolve_routes
@@ -250,12 +251,33 @@ def test_a_finished_call_leaves_nothing_behind_on_its_connection() -> None:
             [protocol] = listener.actor.server.live()
             await h.wait_until(lambda: not protocol.handler._tasks, 3, "the finished task gone")
             assert not protocol.processor.streams
+            # h2's closed stream too, not only at the next stream (protocol.py `_finished`).
+            assert not protocol._h2.streams
             # And compacted SETTINGS bookkeeping after the handshake (h2_settings.py).
             assert all(
                 type(v) is SettingValues
                 for s in (protocol._h2.local_settings, protocol._h2.remote_settings)
                 for v in s._settings.values()
             )
+
+    listener_test(body)
+
+
+def test_a_connection_remembers_a_bounded_number_of_closed_streams() -> None:
+    """An agent connection opens a stream per heartbeat for weeks: h2's record of how each
+    closed stream ended must stay bounded (protocol.py `CLOSED_STREAMS_KEPT`), not grow to
+    h2's 65,536 entries per connection."""
+    calls = CLOSED_STREAMS_KEPT + 40
+
+    async def body(h: Harness) -> None:
+        listener = start(h)
+        one = channel(listener.port)
+        async with channels(one):
+            for _ in range(calls):
+                assert await _inventory_status(one) is grpc.StatusCode.UNIMPLEMENTED
+            [protocol] = listener.actor.server.live()
+            await h.wait_until(lambda: not protocol.handler._tasks, 3, "the finished tasks gone")
+            assert len(protocol._h2._closed_streams) == CLOSED_STREAMS_KEPT
 
     listener_test(body)
 
