@@ -14,10 +14,15 @@ ends the stream: the link is down, its commands fail at once, the next round dia
 | `F` | dialler | empty | forget command `id` (the origin's command ended) |
 | `A` | dialled | SendCommandResponse | one frame of a target, as a local operator gets it (1) |
 | `E` | dialled | empty | no more word on command `id` (its router ended, it was refused) |
+| `B` | dialled | records | several `A` and `E`, in order (2) |
 
 `id` is the dialling node's number for the forwarded command. (1) A target the dialled node does
 not hold is a response with no `response` field. A command that completes or times out on the
-dialled node needs no `E`: by then every target has had its terminal word.
+dialled node needs no `E`: by then every target has had its terminal word. (2) The dialled side
+puts what it sends in an outbox, whose writer, woken at the end of the loop turn (a ready
+callback, no timer), sends all the turn produced together (gateway/cluster/batches.py): a
+broadcast's answers cost a frame per batch, not one per answer, and a lone answer still leaves
+at the end of its turn, as a plain `A` frame.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from grpclib.server import Stream as ServerStream
 
 from actors.cluster_messages import LinkEnded, PeerEnded, PeerFrame
 from gateway.cluster.auth import UNAUTHENTICATED_DETAILS, Opener, Sealer
+from gateway.cluster.batches import BATCH, MAX_BATCH_BYTES, Record, pack, unpack
 from gateway.mgmt_command import ResponseWriter
 from gateway.mgmt_metrics import CommandOutcome
 from protos.yuzu.server.v1 import management_pb2 as mgmt
@@ -80,24 +86,70 @@ class _Refused(Exception):
     """A frame did not open: the stream is not to be trusted."""
 
 
-class _Answers:
-    """One forwarded command's responses, written as `A` frames on the command stream;
-    `cancel` (an origin that reads nothing) resets the whole stream."""
+class _Outbox:
+    """What the dialled side sends on one command stream. `put` never waits; the writer (`run`,
+    a task `serve_commands` owns) takes every record put since it last ran and sends them as
+    few sealed frames (gateway/cluster/batches.py). `room` holds the answers' writers while
+    `MAX_BATCH_BYTES` or more wait, so an origin that does not read backs up into the sink's
+    bound (gateway/mgmt_command.py), not here."""
 
-    __slots__ = ("_command_id", "_send", "_stream")
+    __slots__ = ("_bytes", "_failed", "_records", "_room", "_sealer", "_stream", "_wake")
+
+    def __init__(self, stream: ServerStream[Frame, Frame], sealer: Sealer) -> None:
+        self._stream = stream
+        self._sealer = sealer
+        self._records: list[Record] = []
+        self._bytes = 0
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._failed: Exception | None = None
+
+    def put(self, kind: bytes, command_id: int, body: bytes) -> None:
+        """Queue a record; raises what ended the writer once it has ended."""
+        if self._failed is not None:
+            raise self._failed
+        self._records.append((kind, command_id, body))
+        self._bytes += len(body)
+        self._wake.set()
+        if self._bytes >= MAX_BATCH_BYTES:
+            self._room.clear()
+
+    async def room(self) -> None:
+        await self._room.wait()
+
+    async def run(self) -> None:
+        stream, sealer, wake = self._stream, self._sealer, self._wake
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                records, self._records, self._bytes = self._records, [], 0
+                self._room.set()
+                for kind, command_id, body in pack(records):
+                    await stream.send_message(Frame(sealer.seal(kind, command_id, body)))
+        except Exception as exc:  # the stream broke: the answers' writers learn it from `put`
+            self._failed = exc
+            self._room.set()
+
+
+class _Answers:
+    """One forwarded command's responses, put as `A` records in the stream's outbox; `cancel`
+    (an origin that reads nothing) resets the whole stream."""
+
+    __slots__ = ("_command_id", "_outbox", "_stream")
 
     def __init__(
-        self,
-        command_id: int,
-        send: Callable[[bytes, int, bytes], Awaitable[None]],
-        stream: ServerStream[Frame, Frame],
+        self, command_id: int, outbox: _Outbox, stream: ServerStream[Frame, Frame]
     ) -> None:
         self._command_id = command_id
-        self._send = send
+        self._outbox = outbox
         self._stream = stream
 
     async def send_message(self, message: mgmt.SendCommandResponse) -> None:
-        await self._send(ANSWER, self._command_id, message.SerializeToString())
+        outbox = self._outbox
+        outbox.put(ANSWER, self._command_id, message.SerializeToString())
+        await outbox.room()
 
     async def cancel(self) -> None:
         await self._stream.cancel()
@@ -108,30 +160,27 @@ async def serve_commands(
 ) -> None:
     """The dialled side of one command stream, until the dialler ends it or a frame is refused.
     Each command runs as a local operator's would (`route`), in its own task (owned here:
-    cancelled when its `F` comes or the stream ends, which abandons it on the router)."""
-    opener, sealer = Opener(key, TO_DIALLED), Sealer(key, TO_DIALLER)
-    # One writer at a time: a message split by flow control must not interleave with another.
-    lock = asyncio.Lock()
+    cancelled when its `F` comes or the stream ends, which abandons it on the router); the
+    outbox's writer is a task owned here too."""
+    opener = Opener(key, TO_DIALLED)
+    outbox = _Outbox(stream, Sealer(key, TO_DIALLER))
     tasks: dict[int, asyncio.Task[None]] = {}
-
-    async def send(kind: bytes, command_id: int, body: bytes) -> None:
-        async with lock:
-            await stream.send_message(Frame(sealer.seal(kind, command_id, body)))
 
     async def one(command_id: int, body: bytes) -> None:
         outcome: CommandOutcome | None = None
         try:
             request = mgmt.SendCommandRequest.FromString(body)
-            outcome = await route(request, _Answers(command_id, send, stream))
+            outcome = await route(request, _Answers(command_id, outbox, stream))
         except Exception as exc:  # refused or its router ended: the origin settles the rest
             log.debug("cluster forwarded command ended: %s", type(exc).__name__)
         finally:
             tasks.pop(command_id, None)
         if outcome not in _SETTLED:
             with contextlib.suppress(Exception):
-                await send(END, command_id, b"")
+                outbox.put(END, command_id, b"")
 
     await stream.send_initial_metadata()
+    writer = asyncio.create_task(outbox.run())
     try:
         async for frame in stream:
             opened = opener.open(frame.data)
@@ -146,6 +195,7 @@ async def serve_commands(
     finally:
         for task in list(tasks.values()):
             task.cancel()
+        writer.cancel()
 
 
 class CommandLink:
@@ -234,10 +284,16 @@ class CommandLink:
             opened = opener.open(frame.data)
             if opened is None:
                 raise _Refused
-            kind, command_id, body = opened
-            if kind == ANSWER:
-                answer = mgmt.SendCommandResponse.FromString(body)
-                response = answer.response if answer.HasField("response") else None
-                deliver(PeerFrame(command_id, peer, answer.agent_id, response))
-            elif kind == END:
-                deliver(PeerEnded(command_id, peer))
+            if opened[0] == BATCH:
+                records = unpack(opened[2])
+                if records is None:
+                    raise _Refused
+            else:
+                records = [opened]
+            for kind, command_id, body in records:
+                if kind == ANSWER:
+                    answer = mgmt.SendCommandResponse.FromString(body)
+                    response = answer.response if answer.HasField("response") else None
+                    deliver(PeerFrame(command_id, peer, answer.agent_id, response))
+                elif kind == END:
+                    deliver(PeerEnded(command_id, peer))

@@ -1,6 +1,7 @@
 """The link's command stream (gateway/cluster/commands.py; docs/cluster.md): forwarded commands
-multiplexed on one stream, a stream that breaks mid-command, and frames the dialled node must
-refuse (a bad MAC, a replayed or reflected frame), counted as refused calls are."""
+multiplexed on one stream, a stream that breaks mid-command, frames the dialled node must
+refuse (a bad MAC, a replayed or reflected frame), counted as refused calls are, and the
+batches that carry the answers of one loop turn in one frame."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 from grpclib.server import Stream as ServerStream
 
-from actors.cluster_messages import LinkEnded, PeerFrame
+from actors.cluster_messages import LinkEnded, PeerEnded, PeerFrame
 from gateway.cluster.auth import Opener, Sealer, stream_key
+from gateway.cluster.batches import BATCH, MAX_BATCH_BYTES, pack, unpack
 from gateway.cluster.commands import (
     ANSWER,
     COMMAND,
     COMMANDS_METHOD,
+    END,
     TO_DIALLED,
     TO_DIALLER,
     CommandLink,
@@ -156,6 +159,15 @@ async def read_to_the_end(stream: Stream[Frame, Frame]) -> None:
 
 
 @asynccontextmanager
+async def linked_pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Node, str]]:
+    """Two nodes of one cookie, linked to each other; and the cookie, for raw streams."""
+    cookie = secrets.token_hex(32)
+    async with cluster(tmp_path, 2, [cookie, cookie]) as [a, b]:
+        await until(lambda: peers(a) == 1 and peers(b) == 1, "the cluster", FORM_S)
+        yield a, b, cookie
+
+
+@asynccontextmanager
 async def refused() -> AsyncIterator[None]:
     """The block's stream ends UNAUTHENTICATED."""
     with pytest.raises(GRPCError) as ended:
@@ -167,9 +179,7 @@ def test_frames_with_a_bad_mac_or_replayed_or_reflected_are_refused_and_counted(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
-        cookie = secrets.token_hex(32)
-        async with cluster(tmp_path, 2, [cookie, cookie]) as [a, b]:
-            await until(lambda: peers(a) == 1 and peers(b) == 1, "the cluster", FORM_S)
+        async with linked_pair(tmp_path) as (a, b, cookie):
             ghost = mgmt.SendCommandRequest(agent_ids=["ghost"], command=command("r1"))
             count = (await Metrics.read(b)).value(REFUSED)
 
@@ -207,6 +217,47 @@ def test_frames_with_a_bad_mac_or_replayed_or_reflected_are_refused_and_counted(
 
             # The cluster's own link was never touched.
             assert peers(a) == 1 and not the_link(a).ended
+
+    run(body)
+
+
+def test_the_answers_of_one_turn_leave_in_one_batch_frame_in_order_split_at_the_bound(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with linked_pair(tmp_path) as (_, b, cookie):
+            few = [f"ghost-{n}" for n in range(5)]
+            # About 200 KB of answers: more than three frames' worth.
+            many = [f"ghost-{n:05d}-{'x' * 40}" for n in range(3000)]
+            async with raw_stream(b, cookie) as (stream, key):
+                sealer, opener = Sealer(key, TO_DIALLED), Opener(key, TO_DIALLER)
+
+                async def batches(command_id: int, targets: list[str]) -> list[list[str]]:
+                    """The frames answering a command to `targets` (none held there, so its
+                    router answers them all in one turn): each frame's agent ids."""
+                    request = mgmt.SendCommandRequest(agent_ids=targets, command=command("g"))
+                    sealed = sealer.seal(COMMAND, command_id, request.SerializeToString())
+                    await stream.send_message(Frame(sealed))
+                    frames: list[list[str]] = []
+                    while sum(map(len, frames)) < len(targets):
+                        frame = await asyncio.wait_for(stream.recv_message(), STEP_S)
+                        assert frame is not None
+                        opened = opener.open(frame.data)
+                        assert opened is not None and opened[:2] == (BATCH, 0)
+                        assert len(opened[2]) <= MAX_BATCH_BYTES
+                        records = unpack(opened[2])
+                        assert records is not None
+                        assert {(k, i) for k, i, _ in records} == {(ANSWER, command_id)}
+                        frames.append(
+                            [mgmt.SendCommandResponse.FromString(r).agent_id for *_, r in records]
+                        )
+                    return frames
+
+                assert await batches(1, few) == [few]
+                split = await batches(2, many)
+                assert len(split) > 1 and [a for frame in split for a in frame] == many
+                await stream.end()
+                await read_to_the_end(stream)
 
     run(body)
 
@@ -253,6 +304,37 @@ def test_the_dialling_side_refuses_a_replayed_or_forged_answer() -> None:
         assert frame.response == answer.response
         assert ended == LinkEnded("peer", True) and link.ended
         got, link = await dial_fake(key, [forged])
+        assert got == [LinkEnded("peer", True)]
+
+    run(body)
+
+
+def test_the_dialling_side_delivers_a_batch_in_order_and_refuses_a_tampered_one() -> None:
+    async def body() -> None:
+        key = secrets.token_bytes(32)
+        sealer = Sealer(key, TO_DIALLER)
+        running = agent_pb2.CommandResponse(command_id="c1", status=S.RUNNING)
+        records = [
+            (ANSWER, 3, mgmt.SendCommandResponse(agent_id="b1", response=running)),
+            (ANSWER, 3, mgmt.SendCommandResponse(agent_id="b1", response=command_answer())),
+            (ANSWER, 3, mgmt.SendCommandResponse(agent_id="b2")),
+        ]
+        [batch] = pack([(k, i, m.SerializeToString()) for k, i, m in records] + [(END, 4, b"")])
+        good = sealer.seal(*batch)
+        tampered = bytearray(sealer.seal(*batch))
+        tampered[-1] ^= 1
+
+        got, link = await dial_fake(key, [good, bytes(tampered)])
+        *frames, ended, link_ended = got
+        assert [(f.seq, f.peer, f.agent_id, f.response) for f in frames] == [
+            (3, "peer", "b1", running),
+            (3, "peer", "b1", command_answer()),
+            (3, "peer", "b2", None),
+        ]
+        assert (ended, link_ended) == (PeerEnded(4, "peer"), LinkEnded("peer", True))
+        assert link.ended
+        # Well sealed, but its records do not parse: refused as well.
+        got, _ = await dial_fake(key, [Sealer(key, TO_DIALLER).seal(BATCH, 0, batch[2][:-1])])
         assert got == [LinkEnded("peer", True)]
 
     run(body)
