@@ -77,6 +77,11 @@ class Pool(enum.Enum):
     REGISTER = "register"
     INVENTORY = "inventory"
 
+    # Members are singletons compared by identity, so they hash by identity too: Enum's own
+    # __hash__ is a Python call (the hash of the name), and the pool's tables are keyed by
+    # these on every permit operation.
+    __hash__ = object.__hash__
+
 
 class Caller(enum.Enum):
     """Who asks. A replay draws from the register pool under its own cap."""
@@ -85,9 +90,18 @@ class Caller(enum.Enum):
     INVENTORY = "inventory"
     REPLAY = "replay"
 
+    __hash__ = object.__hash__  # as Pool's
+
     @property
     def pool(self) -> Pool:
-        return Pool.INVENTORY if self is Caller.INVENTORY else Pool.REGISTER
+        return _POOL_OF[self]
+
+
+_POOL_OF = {
+    Caller.REGISTER: Pool.REGISTER,
+    Caller.REPLAY: Pool.REGISTER,
+    Caller.INVENTORY: Pool.INVENTORY,
+}
 
 
 # --- numbers ------------------------------------------------------------------------------------
@@ -312,24 +326,24 @@ class DuplicateRequestError(ValueError):
     """A request id that already holds a permit or a place asked again."""
 
 
-@attrs.frozen
+@attrs.define
 class _Waiter:
+    """One wait. Mutable on purpose: `live` goes False when it ends (granted, cancelled,
+    expired), which marks its FIFO and heap entries stale without searching for them; a request
+    id that asks again gets a new `_Waiter`."""
+
     request_id: RequestId
     caller: Caller
     deadline: float
     since: float
-    seq: int  # tells this wait apart from an earlier, cancelled wait of the same request id
-
-
-@attrs.frozen
-class _Holder:
-    caller: Caller
-    since: float
+    live: bool = True
 
 
 # Stale entries (granted, cancelled, expired) are dropped lazily from the FIFOs and the deadline
 # heap; past this slack the structure is rebuilt, so neither grows without bound.
 _COMPACT_SLACK = 64
+# The order in which freed permits go to the heads: live registrations before replays.
+_DISPATCH_ORDER = (Caller.REGISTER, Caller.REPLAY, Caller.INVENTORY)
 
 
 # --- the core -----------------------------------------------------------------------------------
@@ -345,12 +359,15 @@ class PermitPool:
         default=attrs.Factory(lambda self: self.policy.configured, takes_self=True)
     )
     server_max_streams: int = 0  # 0 = unknown
-    _holders: dict[RequestId, _Holder] = attrs.field(init=False, factory=dict)
+    # Who holds a permit, and for which caller kind (a replay's permit is a register one).
+    _holders: dict[RequestId, Caller] = attrs.field(init=False, factory=dict)
     _waiters: dict[RequestId, _Waiter] = attrs.field(init=False, factory=dict)
     _fifo: dict[Caller, deque[_Waiter]] = attrs.field(
         init=False, factory=lambda: {caller: deque() for caller in Caller}
     )
-    _deadlines: list[tuple[float, int, RequestId]] = attrs.field(init=False, factory=list)
+    # (deadline, seq, waiter): seq keeps equal deadlines in arrival order and never compares
+    # two waiters.
+    _deadlines: list[tuple[float, int, _Waiter]] = attrs.field(init=False, factory=list)
     _held: dict[Pool, int] = attrs.field(init=False, factory=lambda: dict.fromkeys(Pool, 0))
     _replays_held: int = attrs.field(init=False, default=0)
     _waiting: dict[Caller, int] = attrs.field(init=False, factory=lambda: dict.fromkeys(Caller, 0))
@@ -397,7 +414,9 @@ class PermitPool:
         or `Refused`); any before it refuse other waiters whose deadline had passed."""
         if request_id in self._holders or request_id in self._waiters:
             raise DuplicateRequestError(f"request {request_id!r} already holds or waits")
-        effects: list[PermitEffect] = list(self.expire(now))
+        effects: list[PermitEffect] = []
+        if self._deadlines and self._deadlines[0][0] <= now:
+            effects.extend(self.expire(now))
         if deadline <= now:
             effects.append(Refused(request_id, caller, "deadline", 0.0))
         elif self._grantable(caller) and not self._anyone_ahead(caller):
@@ -424,13 +443,15 @@ class PermitPool:
     def expire(self, now: float) -> list[Refused]:
         """Refuse every waiter whose deadline has passed; none of them is ever sent."""
         refused: list[Refused] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, seq, request_id = heapq.heappop(self._deadlines)
-            waiter = self._waiters.get(request_id)
-            if waiter is None or waiter.seq != seq:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            waiter = heapq.heappop(deadlines)[2]
+            if not waiter.live:
                 continue  # granted or cancelled since
             self._unqueue(waiter)
-            refused.append(Refused(request_id, waiter.caller, "deadline", now - waiter.since))
+            refused.append(
+                Refused(waiter.request_id, waiter.caller, "deadline", now - waiter.since)
+            )
         return refused
 
     def set_server_max_streams(self, server_max_streams: int, now: float) -> list[PermitEffect]:
@@ -476,8 +497,9 @@ class PermitPool:
         return LogLine("info", text)
 
     def _grantable(self, caller: Caller) -> bool:
-        pool = caller.pool
-        if self._held[pool] >= self.limits.of(pool):
+        if caller is Caller.INVENTORY:
+            return self._held[Pool.INVENTORY] < self.limits.inventory
+        if self._held[Pool.REGISTER] >= self.limits.register:
             return False
         return caller is not Caller.REPLAY or self._replays_held < self.limits.replay
 
@@ -488,31 +510,33 @@ class PermitPool:
         return caller is Caller.REPLAY and self._waiting[Caller.REGISTER] > 0
 
     def _grant(self, request_id: RequestId, caller: Caller, since: float, now: float) -> Granted:
-        self._holders[request_id] = _Holder(caller, now)
-        self._held[caller.pool] += 1
+        self._holders[request_id] = caller
+        self._held[_POOL_OF[caller]] += 1
         if caller is Caller.REPLAY:
             self._replays_held += 1
         return Granted(request_id, caller, now - since)
 
     def _enqueue(self, request_id: RequestId, caller: Caller, deadline: float, now: float) -> None:
         self._seq += 1
-        waiter = _Waiter(request_id, caller, deadline, now, self._seq)
+        waiter = _Waiter(request_id, caller, deadline, now)
         self._waiters[request_id] = waiter
         self._fifo[caller].append(waiter)
         self._waiting[caller] += 1
-        heapq.heappush(self._deadlines, (deadline, waiter.seq, request_id))
+        heapq.heappush(self._deadlines, (deadline, self._seq, waiter))
 
     def _unqueue(self, waiter: _Waiter) -> None:
         # The FIFO and heap entries go stale; they are skipped when met and compacted in bulk.
+        waiter.live = False
         del self._waiters[waiter.request_id]
-        self._waiting[waiter.caller] -= 1
-        self._compact()
+        caller = waiter.caller
+        self._waiting[caller] -= 1
+        self._compact(caller)
 
     def _free(self, request_id: RequestId, now: float) -> list[PermitEffect]:
-        holder = self._holders.pop(request_id, None)
-        if holder is not None:
-            self._held[holder.caller.pool] -= 1
-            if holder.caller is Caller.REPLAY:
+        caller = self._holders.pop(request_id, None)
+        if caller is not None:
+            self._held[_POOL_OF[caller]] -= 1
+            if caller is Caller.REPLAY:
                 self._replays_held -= 1
             return self._dispatch(now)
         waiter = self._waiters.get(request_id)
@@ -524,10 +548,15 @@ class PermitPool:
     def _dispatch(self, now: float) -> list[PermitEffect]:
         """Refuse the expired, then grant heads while their pool allows: live registrations
         before replays, each kind first in first out."""
-        effects: list[PermitEffect] = list(self.expire(now))
-        for caller in (Caller.REGISTER, Caller.REPLAY, Caller.INVENTORY):
-            while self._waiting[caller] > 0 and self._grantable(caller):
-                if caller is Caller.REPLAY and self._waiting[Caller.REGISTER] > 0:
+        effects: list[PermitEffect] = []
+        if self._deadlines and self._deadlines[0][0] <= now:
+            effects.extend(self.expire(now))
+        if not self._waiters:
+            return effects
+        waiting = self._waiting
+        for caller in _DISPATCH_ORDER:
+            while waiting[caller] > 0 and self._grantable(caller):
+                if caller is Caller.REPLAY and waiting[Caller.REGISTER] > 0:
                     break
                 waiter = self._head(caller)
                 self._unqueue(waiter)
@@ -536,23 +565,20 @@ class PermitPool:
 
     def _head(self, caller: Caller) -> _Waiter:
         fifo = self._fifo[caller]
-        while fifo[0] is not self._waiters.get(fifo[0].request_id):
+        while not fifo[0].live:
             fifo.popleft()
         return fifo[0]
 
     def _drop_stale_deadlines(self) -> None:
-        while self._deadlines:
-            _, seq, request_id = self._deadlines[0]
-            waiter = self._waiters.get(request_id)
-            if waiter is not None and waiter.seq == seq:
-                return
-            heapq.heappop(self._deadlines)
+        deadlines = self._deadlines
+        while deadlines and not deadlines[0][2].live:
+            heapq.heappop(deadlines)
 
-    def _compact(self) -> None:
+    def _compact(self, caller: Caller) -> None:
         live = len(self._waiters)
         if len(self._deadlines) > 2 * live + _COMPACT_SLACK:
-            self._deadlines = [(w.deadline, w.seq, w.request_id) for w in self._waiters.values()]
+            self._deadlines = [e for e in self._deadlines if e[2].live]
             heapq.heapify(self._deadlines)
-        for caller, fifo in self._fifo.items():
-            if len(fifo) > 2 * self._waiting[caller] + _COMPACT_SLACK:
-                self._fifo[caller] = deque(w for w in fifo if self._waiters.get(w.request_id) is w)
+        fifo = self._fifo[caller]
+        if len(fifo) > 2 * self._waiting[caller] + _COMPACT_SLACK:
+            self._fifo[caller] = deque(w for w in fifo if w.live)

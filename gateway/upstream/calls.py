@@ -9,9 +9,10 @@ registrations go upstream in parallel. In order:
    message. Open: refused at once (`circuit_open`), nothing sent.
 2. The deadline: the agent's grpc-timeout less the handler's 5 s margin, or
    upstream_call_timeout_ms when it sent none (read on every call, as the seed says).
-3. A permit: `Acquire` asked of `upstream_regulator`. It answers at once, or after the request
-   waited in the queue; a full queue or a deadline that passes first is refused
-   (`queue_full`, `deadline`), and such a request is never sent.
+3. A permit, taken through the gate `upstream_regulator` publishes (a call on the loop, no
+   message). It is granted at once, or after the request waited in the queue; a full queue or
+   a deadline that passes first is refused (`queue_full`, `deadline`), and such a request is
+   never sent. After a wait the breaker is read again: it may have opened meanwhile.
 4. The call: the channel gets min(what is left of the deadline, upstream_rpc_timeout_ms) and
    sends it as grpc-timeout.
 5. The outcome is told to the `upstream` actor (breaker, error metric, log line) and the permit
@@ -22,9 +23,9 @@ a breaker failure: nothing was sent. The call hands its permit back, waits 10 ms
 100 ms, and asks again with the same deadline.
 
 Cancellation: a caller whose coroutine is cancelled (stream reset, connection closed) frees its
-permit or its place in the queue at once (`Cancel`). A call already sent is not cancelled: it
-runs on, shielded, and its outcome still reaches the breaker (seed: "A call already in flight to
-the server is not cancelled").
+permit or its place in the queue at once. A call already sent is not cancelled: it runs on,
+shielded, and its outcome still reaches the breaker (seed: "A call already in flight to the
+server is not cancelled").
 
 Refusals raise `UpstreamRefused` (the gRPC handler answers UNAVAILABLE); a failed call raises
 the channel's `UpstreamCallError`.
@@ -35,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Literal, TypeVar
+from functools import partial
+from typing import Literal, Never, TypeVar
 
 import attrs
 from google.protobuf.message import Message
@@ -45,21 +47,10 @@ from actors.core.breaker import Lane, ResultKind
 from actors.core.permits import Caller, PermitPolicy
 from actors.upstream import NAME as UPSTREAM
 from actors.upstream import BreakerView, Outcome, breaker_view
-from actors.upstream_regulator import (
-    CHANNELS_TABLE,
-    DEFAULT_CHANNEL,
-    Acquire,
-    Cancel,
-    PermitGranted,
-    PermitRefused,
-    Release,
-)
-from actors.upstream_regulator import NAME as REGULATOR
+from actors.upstream_regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, PermitGate, permit_gate
 from gateway.config import Config
 from gateway.config.keys.upstream import UPSTREAM_CALL_TIMEOUT_MS, UPSTREAM_RPC_TIMEOUT_MS
 from gateway.upstream.api import Channel, UpstreamCallError
-from supervisors.address import Address
-from supervisors.errors import ActorExited, NoProc
 from supervisors.runtime import LoopSystemBase
 
 __all__ = ["HANDLER_MARGIN_S", "RefusalReason", "UpstreamCalls", "UpstreamRefused"]
@@ -120,8 +111,8 @@ class UpstreamCalls:
         runtime = self.runtime
         loop = runtime.loop
         view = self._admit()
-        regulator = runtime.whereis(REGULATOR)
-        if regulator is None:
+        gate = permit_gate(runtime)
+        if gate is None:
             raise UpstreamRefused("unavailable")
         now = loop.time()
         if grpc_timeout_s is None:
@@ -133,29 +124,32 @@ class UpstreamCalls:
         attempt = 0
         while True:
             request_id = next(_request_ids)
-            await self._acquire(regulator, request_id, caller, deadline)
-            cancelled = False
+            waited = await _acquire(gate, request_id, caller, deadline)
+            release = partial(gate.release, request_id)
             try:
-                # The breaker may have opened while the request waited: do not send it then.
-                view = self._admit()
+                if waited:
+                    # The breaker may have opened while the request waited: do not send it
+                    # then. Granted at once, the view just read is still the published one.
+                    view = self._admit()
                 timeout = min(deadline - loop.time(), rpc_timeout_s)
                 if timeout <= 0:
                     raise UpstreamRefused("deadline")
-                call = self._unary(
+            except UpstreamRefused:
+                release()
+                raise
+            channel = self._channel()
+            call = (
+                _no_channel()
+                if channel is None
+                else channel.unary(
                     method, request, response_type, timeout=timeout, metadata=metadata
                 )
-                return await self._send(call, _reporter(runtime, view, lane, method))
-            except asyncio.CancelledError:
-                # The caller is gone: its permit is freed at once.
-                cancelled = True
-                runtime.tell(regulator, Cancel(request_id))
-                raise
+            )
+            try:
+                return await _send(loop, call, _reporter(runtime, view, lane, method), release)
             except UpstreamCallError as error:
                 if error.kind is not ResultKind.TOO_MANY_STREAMS:
                     raise
-            finally:
-                if not cancelled:
-                    runtime.tell(regulator, Release(request_id))
             # too_many_streams: the permit is back; wait, then ask again like any other call.
             delay = TOO_MANY_STREAMS.delay(attempt)
             attempt += 1
@@ -173,65 +167,35 @@ class UpstreamCalls:
             raise UpstreamRefused("circuit_open")
         return view
 
-    async def _unary(
-        self,
-        method: str,
-        request: Message,
-        response_type: type[M],
-        *,
-        timeout: float,
-        metadata: Mapping[str, str] | None,
-    ) -> M:
+    def _channel(self) -> Channel | None:
         table = self.runtime.table(CHANNELS_TABLE)
-        channel: Channel | None = table.get(self.channel_name) if table is not None else None
-        if channel is None:
-            # Like a channel with no live connection: the call fails at once and the breaker
-            # sees it (seed UP-03).
-            raise UpstreamCallError(ResultKind.TRANSPORT, detail="no upstream channel")
-        return await channel.unary(
-            method, request, response_type, timeout=timeout, metadata=metadata
-        )
-
-    async def _acquire(
-        self, regulator: Address, request_id: int, caller: Caller, deadline: float
-    ) -> None:
-        runtime = self.runtime
-        try:
-            # No timeout of our own: the regulator answers every Acquire by its deadline (its
-            # expire timer), and `ask` raises ActorExited if the regulator ends first. A timer
-            # per call here would only cost.
-            answer = await runtime.ask(regulator, Acquire(request_id, caller, deadline))
-        except asyncio.CancelledError:
-            runtime.tell(regulator, Cancel(request_id))
-            raise
-        except (NoProc, ActorExited):
-            raise UpstreamRefused("unavailable") from None
-        if isinstance(answer, PermitRefused):
-            raise UpstreamRefused(answer.reason)
-        if not isinstance(answer, PermitGranted):  # pragma: no cover - the protocol is closed
-            runtime.tell(regulator, Cancel(request_id))
-            raise UpstreamRefused("unavailable")
-
-    @staticmethod
-    async def _send(call: Coroutine[object, object, M], report: Report) -> M:
-        """Run the call shielded from the caller's cancellation: a cancelled caller stops
-        waiting, the call runs on and reports its own outcome."""
-        task = asyncio.ensure_future(_reported(call, report))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                _detached.add(task)
-                task.add_done_callback(_forget)
-            raise
+        return None if table is None else table.get(self.channel_name)
 
 
-def _forget(task: asyncio.Task[object]) -> None:
-    """A detached call ended: its outcome was reported; nobody wants its error (retrieving it
-    keeps asyncio from logging "exception was never retrieved" with the call's details)."""
-    _detached.discard(task)
-    if not task.cancelled():
-        task.exception()
+async def _acquire(gate: PermitGate, request_id: int, caller: Caller, deadline: float) -> bool:
+    """Take a permit or raise `UpstreamRefused`. True when the request had to wait for it.
+
+    No timeout of our own: the regulator answers every waiter by its deadline (its expire
+    timer), and `unavailable` if it ends first. A timer per call here would only cost."""
+    answer = gate.acquire(request_id, caller, deadline)
+    if answer is None:
+        return False
+    if isinstance(answer, str):
+        raise UpstreamRefused(answer)
+    try:
+        refusal = await answer
+    except asyncio.CancelledError:
+        gate.cancel(request_id)  # its place, or the permit granted as it was cancelled
+        raise
+    if refusal is not None:
+        raise UpstreamRefused(refusal)
+    return True
+
+
+async def _no_channel() -> Never:
+    # Like a channel with no live connection: the call fails at once and the breaker sees it
+    # (seed UP-03).
+    raise UpstreamCallError(ResultKind.TRANSPORT, detail="no upstream channel")
 
 
 Report = Callable[[ResultKind, "int | None", str], None]
@@ -249,20 +213,66 @@ def _reporter(runtime: LoopSystemBase, view: BreakerView, lane: Lane, method: st
     return report
 
 
-async def _reported(call: Coroutine[object, object, M], report: Report) -> M:
-    """Await the channel call and report how it ended, whoever still waits for it."""
+async def _send(
+    loop: asyncio.AbstractEventLoop,
+    call: Coroutine[object, object, M],
+    report: Report,
+    release: Callable[[], None],
+) -> M:
+    """Run the call as a task of its own (`_run`), which the caller awaits through a future: a
+    cancelled caller stops waiting and frees the permit at once; the call runs on, reports its
+    own outcome and gives the permit back when it ends (then a no-op)."""
+    done: asyncio.Future[M] = loop.create_future()
+    task = loop.create_task(_run(call, report, release, done))
+    try:
+        return await done
+    except asyncio.CancelledError:
+        release()
+        if not task.done():
+            _detached.add(task)
+            task.add_done_callback(_detached.discard)
+        elif not done.cancelled():
+            # Answered as the caller went: retrieving a failure keeps asyncio from logging
+            # "exception was never retrieved" with the call's details.
+            done.exception()
+        raise
+
+
+async def _run(
+    call: Coroutine[object, object, M],
+    report: Report,
+    release: Callable[[], None],
+    done: asyncio.Future[M],
+) -> None:
+    """The call's own task: await the channel, report how the call ended, give the permit back,
+    then hand the result to the caller if it still waits. The next waiter's permit and the
+    caller's answer leave from here, not a loop turn later from a done callback."""
+    failure: UpstreamCallError | None
     try:
         response = await call
-    except UpstreamCallError as error:
-        report(error.kind, error.status, error.detail)
-        raise
     except asyncio.CancelledError:
+        release()
+        done.cancel()
         raise
+    except UpstreamCallError as error:
+        failure = error
     except Exception as error:
         # "an exception raised inside the upstream client's own RPC calls is caught and counted
         # as an RPC error (code exception)". The class only: its text may hold the request.
-        name = type(error).__name__
-        report(ResultKind.EXCEPTION, None, name)
-        raise UpstreamCallError(ResultKind.EXCEPTION, detail=name) from None
-    report(ResultKind.OK, None, "")
-    return response
+        failure = UpstreamCallError(ResultKind.EXCEPTION, detail=type(error).__name__)
+    else:
+        failure = None
+    try:
+        if failure is None:
+            report(ResultKind.OK, None, "")
+        else:
+            report(failure.kind, failure.status, failure.detail)
+        release()
+    finally:
+        # Even after a defect above, the caller gets its answer, unless it went away.
+        if done.done():
+            pass
+        elif failure is None:
+            done.set_result(response)
+        else:
+            done.set_exception(failure)
