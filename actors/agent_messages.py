@@ -9,6 +9,7 @@ The flow of one session:
     owner -> stream    stream.deliver(CommandRequest) / stream.close(status, details)
     stream -> owner    AgentFrame(response) for each CommandResponse the agent sends;
                        StreamClosed() when the agent goes away (the owner ends `normal`)
+    restarted owner    stream.adopt(owner): it took the session over after a crash
     owner              terminate: exactly one Notify DISCONNECTED, Unregister (registry)
 """
 
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
 
 # Outbound frames queued for one agent before the owner treats the stream as stuck and
 # ends it: a healthy agent drains its stream continuously; a stuck one must not hold memory.
@@ -44,14 +47,19 @@ class StreamHandle:
 
     Not an `asyncio.Queue`: one is held per agent for the life of its stream, and a Queue
     carries four deques (about 2.5 KB) where this needs one, made only while frames wait (an
-    idle agent's stream, the common case, holds none), and one waiter: its only reader."""
+    idle agent's stream, the common case, holds none), and one waiter: its only reader.
 
-    __slots__ = ("_frames", "_maxsize", "_waiter", "ended")
+    It also carries the restarted owner's word that it has taken the session over (`adopt`),
+    so the stream process follows it at once instead of looking for it (docs/owner-recovery.md).
+    """
+
+    __slots__ = ("_frames", "_maxsize", "_on_adopt", "_waiter", "ended")
 
     def __init__(self, maxsize: int = STREAM_QUEUE_MAX) -> None:
         self._maxsize = maxsize
         self._frames: collections.deque[agent_pb2.CommandRequest | StreamEnd] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._on_adopt: Callable[[Address], None] | None = None
         self.ended = False
 
     def qsize(self) -> int:
@@ -73,6 +81,16 @@ class StreamHandle:
             # The end must get through: drop the oldest undelivered frame for it.
             self._frames.popleft()
         self._put(end)
+
+    def on_adopt(self, callback: Callable[[Address], None] | None) -> None:
+        """The stream process's `callback(owner)` for `adopt` (None: no longer told)."""
+        self._on_adopt = callback
+
+    def adopt(self, owner: Address) -> None:
+        """A restarted owner has taken this stream's session over: tell the stream process."""
+        callback = self._on_adopt
+        if callback is not None:
+            callback(owner)
 
     def take_nowait(self) -> agent_pb2.CommandRequest | StreamEnd | None:
         """The oldest queued frame, or None when none is queued."""

@@ -146,6 +146,8 @@ class AgentOwner(Process):
         self.stream_home_id = self.life.stream_home_id
         if self.life.restarted:
             self.wakeupAfter(RECOVERY_DEADLINE_S, _RecoveryDeadline())
+            # The stream process waits for this owner; told now, it follows it at once.
+            args.stream.adopt(self.myAddress)
         self._apply(effects)
         self._in_init = False
 
@@ -396,7 +398,8 @@ class AgentOwner(Process):
     def _announce(self, event: Event, stream_home_id: str) -> None:
         args = self.args
         notify = self._notification(event, stream_home_id)
-        if event is Event.CONNECTED:
+        if event is Event.CONNECTED and log.isEnabledFor(logging.INFO):
+            # log_text scans every character: not for a line nobody keeps.
             log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(notify.peer_addr))
         upstream = self.runtime.whereis(UPSTREAM_NAME)
         if upstream is None:

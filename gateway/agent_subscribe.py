@@ -14,7 +14,8 @@ Then the stream process only moves frames (actors/agent_messages.py is the contr
 - it reads the agent's `CommandResponse`s and tells each to the owner as `AgentFrame`;
 - it watches the owner: an owner that ends without closing the stream ends it UNAVAILABLE (the
   agent registers again). After an abnormal exit it first waits up to 5 s (K32) for a restarted
-  owner to take the session over (the owner table names the new one), and follows that one;
+  owner to take the session over (the owner tells the stream's handle when it does), and follows
+  that one;
 - the agent going away (its stream reset, its connection closed, its frames undecodable) is
   told to the owner as `StreamClosed`, and the owner ends `normal`. So is the listener sending
   the connection away (the overload go-away, docs/listeners.md), after which the stream ends
@@ -37,7 +38,7 @@ from grpclib.server import Stream
 from actors.agent_messages import AgentFrame, OwnerArgs, StreamClosed, StreamEnd, StreamHandle
 from actors.registration import RESERVE_TIMEOUT_S
 from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
-from actors.sessions import OWNERS_TABLE, registry_address
+from actors.sessions import registry_address
 from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
 from gateway.listeners.connection import current_call
 from gateway.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
@@ -46,7 +47,6 @@ from gateway.upstream.methods import SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.api import start_child
-from supervisors.errors import TableGone
 from supervisors.reason import ExitReason
 
 __all__ = ["AGENT_SUP", "REATTACH_WAIT_S", "subscribe"]
@@ -58,7 +58,6 @@ AGENT_SUP = "agent_sup"
 # for the agent supervisor to restart it and the owner to re-adopt the session; short enough that
 # an agent whose owner is gone for good re-registers soon.
 REATTACH_WAIT_S = 5.0
-_REATTACH_POLL_S = 0.05
 
 # The ends the stream process makes itself; identity tells them from the owner's.
 _AGENT_GONE = StreamEnd(Status.CANCELLED.value, "agent stream ended")
@@ -172,12 +171,13 @@ class _StreamProcess:
         self.session_id = session_id
         self.owner = owner
         self.monitor: int | None = None
+        # The re-attach wait's deadline while waiting for a restarted owner, else None.
         self.reattach: asyncio.TimerHandle | None = None
-        self.reattach_until = 0.0
 
     async def run(self) -> None:
         runtime = self.plane.runtime
         self._watch(self.owner)
+        self.handle.on_adopt(self._adopted)
         connection = current_call().connection
         connection.on_sent_away(self._sent_away)
         reader = asyncio.ensure_future(self._read())
@@ -192,6 +192,7 @@ class _StreamProcess:
                 await self.stream.send_message(item)
         finally:
             reader.cancel()
+            self.handle.on_adopt(None)
             self._unwatch()
             connection.forget_sent_away(self._sent_away)
             if end is None or end is _AGENT_GONE or end is _BAD_FRAME:
@@ -235,10 +236,8 @@ class _StreamProcess:
         runtime = self.plane.runtime
         try:
             async for response in self.stream:
-                if self.reattach is not None:
-                    # In a crash gap: a restarted owner may be up before the next poll.
-                    self.reattach.cancel()
-                    self._look_for_owner()
+                # In a crash gap, until a restarted owner adopts the stream, this goes to the
+                # dead owner: no owner is up to take it.
                 runtime.tell(self.owner, AgentFrame(response))
         except DecodeError:
             self.handle.close(_BAD_FRAME)
@@ -274,28 +273,18 @@ class _StreamProcess:
             # It ended its session without closing the stream (or was never up).
             self.handle.close(_OWNER_GONE)
             return
-        loop = self.plane.runtime.loop
-        self.reattach_until = loop.time() + REATTACH_WAIT_S
-        self.reattach = loop.call_later(_REATTACH_POLL_S, self._look_for_owner)
+        self.reattach = self.plane.runtime.loop.call_later(REATTACH_WAIT_S, self._no_owner)
 
-    def _look_for_owner(self) -> None:
-        """Poll the owner table for a restarted owner of this session (rare path: only after
-        an owner crash, for at most 5 s)."""
+    def _adopted(self, owner: Address) -> None:
+        """A restarted owner took the session over (`StreamHandle.adopt`, from its `init`):
+        follow it, if this stream is waiting for one."""
+        if self.reattach is None or self.handle.ended or owner == self.owner:
+            return
+        self.reattach.cancel()
         self.reattach = None
-        if self.handle.ended:
-            return
-        runtime = self.plane.runtime
-        table = runtime.table(OWNERS_TABLE)
-        try:
-            record = table.get(self.session_id) if table is not None else None
-        except TableGone:
-            record = None
-        owner = getattr(record, "owner", None)
-        if isinstance(owner, Address) and owner != self.owner and runtime.is_alive(owner):
-            self._watch(owner)
-            return
-        loop = runtime.loop
-        if loop.time() >= self.reattach_until:
-            self.handle.close(_OWNER_GONE)
-            return
-        self.reattach = loop.call_later(_REATTACH_POLL_S, self._look_for_owner)
+        self._watch(owner)
+
+    def _no_owner(self) -> None:
+        """No restarted owner took the session over within the wait."""
+        self.reattach = None
+        self.handle.close(_OWNER_GONE)
