@@ -50,6 +50,7 @@ from gateway.cluster.auth import (
 )
 from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
 from gateway.cluster.seeds import PeerAddr
+from gateway.h2_closed_streams import bound_closed_streams
 from gateway.mgmt_agents import get_agent, list_agents
 from gateway.mgmt_command import ResponseWriter, run_command
 from gateway.mgmt_metrics import CommandOutcome
@@ -177,7 +178,8 @@ class ClusterService:
 class ClusterServer(Server):
     """grpclib's server plus `leave`: close the listener and every connection, so the peers'
     calls fail at once (their targets settle `agent_disconnected`) instead of waiting for their
-    deadline, as they would behind grpclib's `close`, which only cancels the handlers.
+    deadline, as they would behind grpclib's `close`, which only cancels the handlers. Each
+    connection remembers a bounded number of closed streams (gateway/h2_closed_streams.py).
     Written against grpclib 0.4.9 (`_protocol_factory`)."""
 
     def __init__(self, service: ClusterService) -> None:
@@ -192,6 +194,7 @@ class ClusterServer(Server):
         def connection_made(transport: asyncio.BaseTransport) -> None:
             transports.add(transport)
             made(transport)
+            bound_closed_streams(protocol.connection._connection)
 
         def connection_lost(exc: Exception | None) -> None:
             transports.difference_update([t for t in transports if t.is_closing()])
@@ -212,6 +215,23 @@ class ClusterServer(Server):
         self._transports.clear()
 
 
+class _PeerChannel(Channel):
+    """grpclib's channel, its connection remembering a bounded number of closed streams: a
+    link makes a signed call per membership probe for as long as both nodes run.
+    Written against grpclib 0.4.9 (`_protocol_factory`)."""
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            made(transport)
+            bound_closed_streams(protocol.connection._connection)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        return protocol
+
+
 class PeerLink:
     """The dialling side of one peer (module doc). `challenge` first; then the signed calls."""
 
@@ -219,7 +239,7 @@ class PeerLink:
         self.addr = addr
         self._cookie = cookie
         self._node_id = node_id
-        self._channel = Channel(addr.host, addr.port)
+        self._channel: Channel = _PeerChannel(addr.host, addr.port)
         self._server_nonce: str | None = None
         self._seq = 0
         self._commands: CommandLink | None = None

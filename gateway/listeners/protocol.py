@@ -62,6 +62,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 from prometheus_client import Counter
 
+from gateway.h2_closed_streams import bound_closed_streams
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_settings import compact
 from gateway.listeners.metrics import (
@@ -93,20 +94,6 @@ _WINDOW = 4 * 1024 * 1024
 _H2_MIN_WINDOW = 65_535
 # h2's default: header blocks beyond this are refused by HPACK before any handler runs.
 _MAX_HEADER_LIST_SIZE = 65_536
-# How many closed streams a connection remembers the end of. h2 keeps 65,536 (about 100 bytes
-# each): an agent connection opens a stream per heartbeat and lives for weeks, so that record
-# grew by some 280 KB a day per agent, to 6.5 MB each. It only tells a late frame on a stream
-# that ended long ago apart from one on an unknown stream; past the bound such a frame gets
-# RST_STREAM STREAM_CLOSED, which RFC 9113 allows for any closed stream.
-CLOSED_STREAMS_KEPT = 128
-
-
-class _AgentH2Connection(H2Connection):
-    """h2's connection with a bounded record of closed streams (`CLOSED_STREAMS_KEPT`)."""
-
-    MAX_CLOSED_STREAMS = CLOSED_STREAMS_KEPT
-
-
 __all__ = [
     "DRAINING",
     "OVERLOADED",
@@ -217,7 +204,8 @@ class ListenerProtocol(H2Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Small gRPC frames must not wait for Nagle (grpclib does the same).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        h2 = _AgentH2Connection(config=self.h2_config)
+        h2 = H2Connection(config=self.h2_config)
+        bound_closed_streams(h2)
         window = self.policy.window
         # Replaced before the first SETTINGS frame is written, so the peer learns the stream
         # limit at once and h2 enforces it from the first stream.

@@ -10,13 +10,15 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
+from google.protobuf.empty_pb2 import Empty
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 from grpclib.server import Stream as ServerStream
 
@@ -35,7 +37,8 @@ from gateway.cluster.commands import (
 )
 from gateway.cluster.peers import connected_links
 from gateway.cluster.seeds import PeerAddr
-from gateway.cluster.transport import SERVICE, PeerLink
+from gateway.cluster.transport import SERVICE, ClusterServer, ClusterService, PeerLink
+from gateway.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
@@ -352,3 +355,33 @@ class _Fake:
 
     def __mapping__(self) -> dict[str, Handler]:
         return {PATH: Handler(self._handler, Cardinality.STREAM_STREAM, Frame, Frame)}
+
+
+def test_both_ends_of_a_link_remember_a_bounded_number_of_closed_streams() -> None:
+    """A link makes a signed call per membership probe for as long as both nodes run: h2's
+    record of closed streams stays bounded on the dialling and on the dialled side
+    (gateway/h2_closed_streams.py), not 65,536 entries per connection."""
+    cookie = secrets.token_hex(32)
+
+    async def body() -> None:
+        server = ClusterServer(ClusterService(cookie, "dialled", cast(Any, None), lambda: None))
+        await server.start("127.0.0.1", 0)
+        link = PeerLink(PeerAddr("127.0.0.1", server.bound_port(0)), cookie, "dialler")
+        try:
+            assert await link.challenge(STEP_S) == "up"
+            for _ in range(CLOSED_STREAMS_KEPT + 40):
+                await link.unary("Ping", Empty(), Empty, STEP_S)
+            protocol = link._channel._protocol
+            assert protocol is not None
+            [transport] = server._transports
+            dialled = transport.get_protocol()
+            assert isinstance(dialled, H2Protocol)
+            for h2 in (protocol.connection._connection, dialled.connection._connection):
+                # h2 files a stream as closed when the next one opens: all but the last.
+                assert len(h2._closed_streams) == CLOSED_STREAMS_KEPT
+        finally:
+            link.close()
+            server.leave()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(body(), 30.0))

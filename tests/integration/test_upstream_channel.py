@@ -24,6 +24,7 @@ from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.context import NodeContext
 from gateway.devstack.fake_upstream import FakeUpstream
+from gateway.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.upstream import methods
 from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.channel import UpstreamChannel
@@ -417,6 +418,23 @@ def test_no_limit_declared_is_zero() -> None:
             assert channel.server_max_streams() == 0
 
     run(body)
+
+
+def test_a_connection_remembers_a_bounded_number_of_closed_streams() -> None:
+    """An upstream connection opens a stream per call of the whole node for weeks: h2's record
+    of how each closed stream ended stays bounded (gateway/h2_closed_streams.py) instead of
+    growing to h2's 65,536 entries per connection."""
+
+    async def body() -> None:
+        async with FakeUpstream() as fake, open_channel(http_spec(fake.port)) as channel:
+            for _ in range(CLOSED_STREAMS_KEPT + 40):
+                await register(channel)
+            protocol = channel._slots[0]._protocol
+            assert protocol is not None
+            # h2 files a stream as closed when the next one opens: all but the last.
+            assert len(protocol.connection._connection._closed_streams) == CLOSED_STREAMS_KEPT
+
+    run(body, timeout=30.0)
 
 
 def test_a_call_past_the_servers_limit_is_refused_locally() -> None:
