@@ -392,15 +392,17 @@ class LoadGenerators:
         self.send_late_max_s = late_ms / 1000.0
         return ok, failed
 
-    async def joined(self, timeout: float) -> tuple[int, int]:
-        ok = failed = 0
+    async def joined(self, timeout: float) -> tuple[int, int, int]:
+        """(subscribed, given up, retries) over every generator once its wave has ended."""
+        ok = failed = retries = 0
         for line in await self._read_all(timeout):
             parts = line.split()
-            if len(parts) != 4 or parts[0] != "subscribed":
+            if len(parts) != 5 or parts[0] != "subscribed":
                 raise RuntimeError(f"a load generator failed: {line!r}")
             ok += int(parts[1])
             failed += int(parts[2])
-        return ok, failed
+            retries += int(parts[4])
+        return ok, failed, retries
 
 
 async def _wait_or_kill(process: asyncio.subprocess.Process) -> None:
@@ -421,6 +423,7 @@ class Wave:
     agents: int
     subscribed: int
     failed: int
+    retries: int
     announced: int
     seconds_to_all: float | None
     cpu_s: float
@@ -514,7 +517,7 @@ async def wave(
         rss_before = process_rss_bytes(server.pid)
         started = time.perf_counter()
         generators.go()
-        subscribed, failed = await generators.joined(timeout)
+        subscribed, failed, retries = await generators.joined(timeout)
         seconds: float | None = None
         try:
             deadline = time.monotonic() + 10.0
@@ -532,6 +535,7 @@ async def wave(
             agents=agents,
             subscribed=subscribed,
             failed=failed,
+            retries=retries,
             announced=announced,
             seconds_to_all=seconds,
             cpu_s=process_cpu_s(server.pid) - cpu_before,
@@ -588,7 +592,8 @@ async def wave(
                 if full_gcs_before is not None and full_gcs_after is not None:
                     result.full_gcs_in_window = full_gcs_after - full_gcs_before
         progress(
-            f"{kind}: {subscribed} subscribed, {failed} failed, {announced} announced"
+            f"{kind}: {subscribed} subscribed, {failed} gave up, {retries} retries,"
+            f" {announced} announced"
             f" in {seconds if seconds is None else round(seconds, 3)} s",
             quiet,
         )
@@ -650,6 +655,7 @@ async def run(
         "register_bytes": register_bytes,
         "subscribed": gateway.subscribed,
         "subscribe_failed": gateway.failed,
+        "join_retries": gateway.retries,
         "announced": gateway.announced,
         "agents_current": gateway.agents_current,
         "seconds_to_all_subscribed": gateway.seconds_to_all,
@@ -678,6 +684,7 @@ async def run(
         "bare": {
             "subscribed": bare.subscribed,
             "subscribe_failed": bare.failed,
+            "join_retries": bare.retries,
             "announced": bare.announced,
             "seconds_to_all_subscribed": bare.seconds_to_all,
             "cpu_s": bare.cpu_s,
@@ -712,6 +719,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
             met["all_subscribed"],
         ),
         Row("subscribed / announced", f"{result['subscribed']} / {result['announced']}"),
+        Row(
+            "agents' retries after a failed join, gateway / bare",
+            f"{result['join_retries']} / {result['bare']['join_retries']}",
+        ),
         Row(
             "notifications dropped (+ lost)",
             str(result["notifications_dropped"]),

@@ -7,8 +7,11 @@ line per message, so the benchmark can start every generator's wave at the same 
 
 - prints `ready` once its channels exist;
 - on `go`: every agent registers (a RegisterRequest of about `--register-bytes`) and subscribes
-  with `x-yuzu-session-id`, all at once; prints `subscribed OK FAILED SECONDS` when every agent
-  has its Subscribe response headers (or has failed). The streams stay open;
+  with `x-yuzu-session-id`, all at once; an agent whose Register or Subscribe fails tries again
+  after the real agent's reconnect backoff (2, 4, 8 ... s, no jitter: the seed's "What a new
+  agent connection sees while shedding"), at most `RECONNECT_BACKOFF_S` times; prints
+  `subscribed OK FAILED SECONDS RETRIES` when every agent has its Subscribe response headers
+  or has given up, RETRIES the attempts after the first of every agent. The streams stay open;
 - on `heartbeat WINDOW INTERVAL` (seconds): every subscribed agent sends one Heartbeat every
   INTERVAL on its own channel (the gateway admits a heartbeat only on the connection that opened
   the session), the agents' first heartbeats spread evenly over the first INTERVAL, until WINDOW
@@ -35,6 +38,9 @@ SERVICE = "/yuzu.agent.v1.AgentService/"
 SESSION_KEY = "x-yuzu-session-id"
 DEADLINE_S = 60.0
 HEARTBEAT_DEADLINE_S = 10.0
+# The agent's reconnect backoff after a failed Register or Subscribe (seed: "2, 4, 8 ...
+# seconds, at most 256 s", no jitter); five retries cover a wave of a minute and more.
+RECONNECT_BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def register_request(agent_id: str, size: int) -> agent_pb2.RegisterRequest:
@@ -57,6 +63,16 @@ def _serialize(message: Any) -> bytes:
     return bytes(message.SerializeToString())
 
 
+_failures_seen: set[str] = set()
+
+
+def _first_failure(line: str) -> None:
+    """Log each distinct failure once: a wave of 10,000 retrying agents would flood the log."""
+    if line not in _failures_seen:
+        _failures_seen.add(line)
+        print(line, file=sys.stderr)
+
+
 class Agent:
     def __init__(self, target: str, agent_id: str, register_bytes: int) -> None:
         self.channel = grpc.aio.insecure_channel(
@@ -66,21 +82,36 @@ class Agent:
         self.stream: grpc.aio.StreamStreamCall | None = None
         self.session_id = ""
         self.subscribed = False
+        self.retries = 0
         self._heartbeat: grpc.aio.UnaryUnaryMultiCallable | None = None
 
     async def join(self) -> bool:
+        """Register and subscribe, again after each backoff step while an attempt fails."""
+        if await self._attempt(wait_for_ready=False):
+            return True
+        for delay in RECONNECT_BACKOFF_S:
+            await asyncio.sleep(delay)
+            self.retries += 1
+            # grpcio redials a failed connection by itself (its own backoff) and fails a call
+            # at once while it is down: waiting for it makes a retry one more connection
+            # attempt, as the agent's is, and not a call refused on the client side.
+            if await self._attempt(wait_for_ready=True):
+                return True
+        return False
+
+    async def _attempt(self, *, wait_for_ready: bool) -> bool:
         register = self.channel.unary_unary(
             SERVICE + "Register",
             request_serializer=_serialize,
             response_deserializer=agent_pb2.RegisterResponse.FromString,
         )
         try:
-            reply = await register(self.request, timeout=DEADLINE_S)
+            reply = await register(self.request, timeout=DEADLINE_S, wait_for_ready=wait_for_ready)
         except grpc.aio.AioRpcError as exc:
-            print(f"register failed: {exc.code().name} {exc.details()}", file=sys.stderr)
+            _first_failure(f"register failed: {exc.code().name} {exc.details()}")
             return False
         if not reply.accepted or not reply.session_id:
-            print(f"register refused: {reply.reject_reason}", file=sys.stderr)
+            _first_failure(f"register refused: {reply.reject_reason}")
             return False
         subscribe = self.channel.stream_stream(
             SERVICE + "Subscribe",
@@ -92,7 +123,8 @@ class Agent:
         await self.stream.initial_metadata()
         if self.stream.done():  # a trailers-only answer: the Subscribe was refused
             code = await self.stream.code()
-            print(f"subscribe failed: {code.name}", file=sys.stderr)
+            _first_failure(f"subscribe failed: {code.name}")
+            self.stream = None
             return False
         self.subscribed = True
         return True
@@ -175,7 +207,8 @@ async def _main(args: argparse.Namespace) -> None:
                 joined = await asyncio.gather(*(agent.join() for agent in agents))
                 elapsed = time.perf_counter() - started
                 ok = sum(joined)
-                print(f"subscribed {ok} {len(agents) - ok} {elapsed:.3f}", flush=True)
+                retries = sum(agent.retries for agent in agents)
+                print(f"subscribed {ok} {len(agents) - ok} {elapsed:.3f} {retries}", flush=True)
             elif line.startswith("heartbeat "):
                 _, window, interval = line.split()
                 print(await _heartbeats(agents, float(window), float(interval)), flush=True)

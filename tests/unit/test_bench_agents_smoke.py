@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.loop_monitor import STALL_BUCKETS
-from tests.bench import agents
+from tests.bench import agents, agents_loadgen
 from tests.bench.common import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,6 +36,7 @@ def test_twenty_agents_all_subscribed_none_dropped() -> None:
     assert result["agents"] == 20
     assert result["subscribed"] == 20
     assert result["subscribe_failed"] == 0
+    assert result["join_retries"] == 0
     assert result["announced"] == 20
     assert result["seconds_to_all_subscribed"] is not None
     assert result["notifications_dropped"] == 0
@@ -50,6 +51,32 @@ def test_twenty_agents_all_subscribed_none_dropped() -> None:
     assert result["targets_met"]["all_subscribed"] is True
     json.dumps(result)  # serializable as is
     assert agents.rows(result)
+
+
+@pytest.mark.parametrize(("failures", "joined"), [(0, True), (2, True), (5, True), (6, False)])
+def test_a_failed_join_is_tried_again_after_each_backoff_step(
+    monkeypatch: pytest.MonkeyPatch, failures: int, joined: bool
+) -> None:
+    """As the real agent: a failed Register or Subscribe is retried once per backoff step, and
+    the agent gives up only after the last step (five retries)."""
+    steps = len(agents_loadgen.RECONNECT_BACKOFF_S)
+    monkeypatch.setattr(agents_loadgen, "RECONNECT_BACKOFF_S", (0.0,) * steps)
+    outcomes = iter([False] * failures + [True])
+
+    async def attempt(self: agents_loadgen.Agent, *, wait_for_ready: bool) -> bool:
+        return next(outcomes)
+
+    monkeypatch.setattr(agents_loadgen.Agent, "_attempt", attempt)
+
+    async def join() -> agents_loadgen.Agent:
+        agent = agents_loadgen.Agent("127.0.0.1:9", "bench-agent-000000", 64)
+        try:
+            assert await agent.join() is joined
+        finally:
+            await agent.close()
+        return agent
+
+    assert asyncio.run(join()).retries == min(failures, steps)
 
 
 def test_json_is_the_last_line_of_stdout(tmp_path: Path) -> None:
