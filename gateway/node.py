@@ -24,6 +24,7 @@ from gateway.loop_monitor import LoopMonitor
 from gateway.planned_stop import PlannedStop
 from gateway.refusal import BootRefused
 from gateway.sup import GatewaySup
+from gateway.young_generation import YoungGenerationBound
 from supervisors import gc_policy
 from supervisors.address import Address
 from supervisors.errors import InitFailed
@@ -44,6 +45,7 @@ class Node:
         self.prep_stop: list[PrepStop] = []
         self._ended: asyncio.Future[ExitReason] | None = None
         self.loop_monitor: LoopMonitor | None = None
+        self.young_bound: YoungGenerationBound | None = None
         self._redaction: crash_redaction.CrashRedaction | None = None
 
     @property
@@ -79,6 +81,8 @@ class Node:
         gc_policy.tune()
         self.loop_monitor = LoopMonitor(self.ctx.registry)
         self.loop_monitor.start()
+        self.young_bound = YoungGenerationBound(self.ctx.registry)
+        self.young_bound.start()
         log.info("node %s started (pid %d)", self.name, os.getpid())
 
     def _primary_ended(self, address: Address, reason: ExitReason) -> None:
@@ -99,6 +103,8 @@ class Node:
             return SHUTDOWN
         if self.loop_monitor is not None:
             await self.loop_monitor.stop()
+        if self.young_bound is not None:
+            await self.young_bound.stop()
         budget = self.ctx.config[SHUTDOWN_FLUSH_BUDGET_MS] / 1000
         deadline = runtime.loop.time() + budget
         for step in self.prep_stop:
