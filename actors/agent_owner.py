@@ -32,6 +32,7 @@ the Register request it keeps (for the replay of a later issue) or command param
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -132,6 +133,10 @@ class AgentOwner(Process):
         self._registry: Address | None = None
         self._registry_monitor: int | None = None
         self._predecessor: Address | None = None
+        # A restarted owner's recovery deadline, cancelled once the session is recovered.
+        self._deadline: asyncio.TimerHandle | None = None
+        # What every notification and the registry are told; the arguments never change.
+        self._peer = sanitise_peer_addr(args.peer)
         # The times of this session's owner restarts within 60 s (kept in its row).
         self._restarts: tuple[float, ...] = ()
         self._in_init = True
@@ -145,7 +150,7 @@ class AgentOwner(Process):
         # A restarted owner carries on its dead predecessor's stream home id.
         self.stream_home_id = self.life.stream_home_id
         if self.life.restarted:
-            self.wakeupAfter(RECOVERY_DEADLINE_S, _RecoveryDeadline())
+            self._deadline = self.wakeupAfter(RECOVERY_DEADLINE_S, _RecoveryDeadline())
             # The stream process waits for this owner; told now, it follows it at once.
             args.stream.adopt(self.myAddress)
         self._apply(effects)
@@ -197,6 +202,7 @@ class AgentOwner(Process):
                 session_id == self.args.session_id
             ):
                 self._apply(self.life.presented())
+                self._end_deadline()
             case SessionPresented(session_id=session_id, details=details) if (
                 session_id == self.args.session_id
             ):
@@ -325,6 +331,14 @@ class AgentOwner(Process):
             return
         self.send(upstream, PresentRequest(self.args.session_id, self.args.agent_id, request))
 
+    def _end_deadline(self) -> None:
+        """Recovered (streaming again): the deadline could only end a recovery, so it is
+        cancelled rather than left to arrive as one more message 10 s later, for each of the
+        hundreds of owners a mass kill restarts."""
+        if self._deadline is not None and self.life.phase is Phase.STREAMING:
+            self.cancel_wakeup(self._deadline)
+            self._deadline = None
+
     def _register(self) -> None:
         registry = self.runtime.whereis(REGISTRY_NAME)
         if registry is None:
@@ -343,7 +357,7 @@ class AgentOwner(Process):
                 owner=self.myAddress,
                 conn_key=args.conn_key,
                 stream_home_id=self.stream_home_id,
-                peer=sanitise_peer_addr(args.peer),
+                peer=self._peer,
                 plugins=args.plugins,
                 connected_at=time.time(),
                 info=getattr(args.register, "info", None),
@@ -415,8 +429,7 @@ class AgentOwner(Process):
         restart = life.restarted and life.outcome != "recovered"
         reason = "owner_restarted" if restart else "stream_closed"
         publish(self.runtime, args.agent_id, args.session_id, event, reason)
-        peer = sanitise_peer_addr(args.peer)
-        return Notify(args.agent_id, args.session_id, stream_home_id, event, peer)
+        return Notify(args.agent_id, args.session_id, stream_home_id, event, self._peer)
 
     def _not_sent(self, event: Event) -> None:
         # The held store lives in the upstream process: with it down the notification is
