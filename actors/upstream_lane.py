@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from supervisors.runtime import LoopSystemBase
     from supervisors.table import Table
 
-__all__ = ["CallResult", "LaneHost", "result_of", "start_call"]
+__all__ = ["CallResult", "LaneHost", "result_of", "start_call", "start_killable_call"]
 
 M = TypeVar("M", bound=Message)
 
@@ -114,12 +114,6 @@ async def _unary(
         raise UpstreamCallError(ResultKind.EXCEPTION, detail=type(exc).__name__) from None
 
 
-async def _relay(task: asyncio.Task[M]) -> M:
-    # Cancelling `task` (a probe past its deadline) cancels this worker too, so the runtime
-    # delivers no WorkerDone for it; the actor ending cancels this worker, and with it `task`.
-    return await task
-
-
 def start_call(
     host: LaneHost,
     tag: Any,
@@ -128,9 +122,31 @@ def start_call(
     response_type: type[M],
     *,
     timeout: float,
-) -> asyncio.Task[M]:
+) -> None:
     """Run one unary call as a worker of `host`; its result comes back as `WorkerDone(tag)`.
-    Returns the call's task, which the lane may cancel (kill) without getting a WorkerDone."""
+    The call is the worker itself (one task): the actor ending cancels it."""
+    host.run_worker(_unary(host.runtime, method, build, response_type, timeout), tag)
+
+
+async def _relay(task: asyncio.Task[M]) -> M:
+    # Cancelling `task` (a probe past its deadline) cancels this worker too, so the runtime
+    # delivers no WorkerDone for it; the actor ending cancels this worker, and with it `task`.
+    return await task
+
+
+def start_killable_call(
+    host: LaneHost,
+    tag: Any,
+    method: str,
+    build: Callable[[], Message],
+    response_type: type[M],
+    *,
+    timeout: float,
+) -> asyncio.Task[M]:
+    """`start_call` for a call the lane may have to kill (a probe past its deadline): the call
+    runs as a task of its own behind a relay worker, and that task is returned; cancelling it
+    ends the call without a WorkerDone. The relay costs a second task and a loop turn, so only
+    the calls that can be killed take it."""
     task = host.runtime.loop.create_task(
         _unary(host.runtime, method, build, response_type, timeout)
     )

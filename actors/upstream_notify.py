@@ -57,7 +57,13 @@ from actors.core.resend import ResendPolicy
 from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
 from actors.sessions import OWNERS_TABLE
-from actors.upstream_lane import CallResult, LaneHost, result_of, start_call
+from actors.upstream_lane import (
+    CallResult,
+    LaneHost,
+    result_of,
+    start_call,
+    start_killable_call,
+)
 from actors.upstream_messages import Notify
 from gateway.config.keys.cluster import CLUSTER_ID
 from gateway.config.keys.listeners import GRPC_LISTENERS
@@ -225,8 +231,8 @@ class NotifyLane:
         # The owner-recovery lane's hook (actors/upstream_recovery.py), set by the actor.
         self.on_settled: Callable[[Settled], None] = lambda _settled: None
         self._limiter = WarnLimiter()
-        # token -> what a send in flight needs when it ends: its breaker ticket, its call (so a
-        # probe past its deadline can be killed), its probe timer, its notification (for lines)
+        # token -> what a send in flight needs when it ends: its breaker ticket, its probe's
+        # call (so a probe past its deadline can be killed) and timer, its notification (lines)
         self._tickets: dict[int, Ticket] = {}
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._probe_timers: dict[int, asyncio.TimerHandle] = {}
@@ -254,10 +260,14 @@ class NotifyLane:
     # -- messages ------------------------------------------------------------------------------
 
     def on_notify(self, msg: Notify) -> None:
-        now = self.host.now()
-        note = Notification(
-            msg.agent_id, msg.session_id, msg.stream_home_id, msg.event, msg.peer_addr
+        self.offer(
+            Notification(msg.agent_id, msg.session_id, msg.stream_home_id, msg.event, msg.peer_addr)
         )
+
+    def offer(self, note: Notification) -> None:
+        """Hold `note` and drain: an owner's `Notify`, or a replay's CONNECTED (the replay lane
+        offers its notification directly, with no message in between)."""
+        now = self.host.now()
         self._carry_out(self.store.offer(note, now), now)
         self._pump()
 
@@ -447,17 +457,28 @@ class NotifyLane:
         token = send.token
         self._tickets[token] = ticket
         self._notes[token] = send.note
-        self._tasks[token] = start_call(
+        build = functools.partial(self._request, send.note)
+        if send.deadline is None:
+            start_call(
+                self.host,
+                NotifyWork(token),
+                NOTIFY_STREAM_STATUS,
+                build,
+                gateway_pb2.StreamStatusAck,
+                timeout=timeout,
+            )
+            return
+        # The probe: killed at its deadline, so its call is a task this lane can cancel.
+        self._tasks[token] = start_killable_call(
             self.host,
             NotifyWork(token),
             NOTIFY_STREAM_STATUS,
-            functools.partial(self._request, send.note),
+            build,
             gateway_pb2.StreamStatusAck,
             timeout=timeout,
         )
-        if send.deadline is not None:
-            delay = max(0.0, send.deadline - now)
-            self._probe_timers[token] = self.host.wakeupAfter(delay, NotifyTimer("probe", token))
+        delay = max(0.0, send.deadline - now)
+        self._probe_timers[token] = self.host.wakeupAfter(delay, NotifyTimer("probe", token))
 
     def _request(self, note: Notification) -> gateway_pb2.StreamStatusNotification:
         return gateway_pb2.StreamStatusNotification(

@@ -47,7 +47,7 @@ from grpclib.const import Status
 
 from actors.core import Count, LogLine
 from actors.core.breaker import ResultKind, State
-from actors.core.notify_store import Event, log_text
+from actors.core.notify_store import Event, Notification, log_text
 from actors.core.permits import Caller
 from actors.core.replay_queue import REPLAYS, ReplayEffect, ReplayPolicy, ReplayQueue
 from actors.core.verdicts import HeartbeatVerdict
@@ -55,7 +55,6 @@ from actors.owner_messages import EndSession
 from actors.owner_table import OwnerRow, owner_row
 from actors.sessions import AGENTS_TABLE
 from actors.upstream_lane import LaneHost
-from actors.upstream_messages import Notify
 from actors.upstream_regulator import permit_policy_of
 from gateway.config.keys.replay import (
     REGISTRATION_REPLAY_QUEUE_MAX,
@@ -338,8 +337,8 @@ class ReplayLane:
         row = self._row(out.session_id)
         if row is None or row.owner != out.owner or row.stream_home_id != out.stream_home_id:
             return  # the owner ended meanwhile: its DISCONNECTED is the last word
-        self.notify.on_notify(
-            Notify(
+        self.notify.offer(
+            Notification(
                 out.agent_id, out.session_id, out.stream_home_id, Event.CONNECTED, self._peer(out)
             )
         )

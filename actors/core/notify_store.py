@@ -519,7 +519,7 @@ class NotifyStore:
         if old is not None:
             self._replace(key, note)
             effects += [self._count(COALESCED), Settled(old, "superseded")]
-        elif self._fresh_out(key) or self.occupancy < self._cap:
+        elif self._fresh_out(key) or self._below_cap():
             self._append(key, note)
         elif note.event is Event.DISCONNECTED and (victim := self._oldest_evictable()):
             # Losing a DISCONNECTED leaves the server listing a gone session as online until the
@@ -826,6 +826,13 @@ class NotifyStore:
         for row in skipped:
             heapq.heappush(self._connected, row)
         return found
+
+    def _below_cap(self) -> bool:
+        """`occupancy < cap`, without walking the sends out while held plus out is below it
+        (the common case: the walk would run on every offer)."""
+        if len(self._held) + len(self._out_keys) < self._cap:
+            return True
+        return self.occupancy < self._cap
 
     def _fresh_out(self, key: NotifyKey) -> bool:
         token = self._out_keys.get(key)

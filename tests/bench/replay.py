@@ -27,6 +27,14 @@ Measured on the gateway side, around the channel's `unary`: from the first Proxy
 (5,000 / 24 x 50 ms = 10.4 s); the target is within 1.05 x the bound (the Erlang gateway
 measured 10.7 s). Also reported: replays counted (`yuzu_gw_registration_replay_total`), failed
 calls, the most ProxyRegisters in flight, the CONNECTED notices re-sent, CPU of both processes.
+
+Then, in the same run, the bare reference (`bare_replay`): the same 5,000 ProxyRegister calls (the
+stored request, the session id in the metadata) at most 24 at once, each followed by its
+CONNECTED NotifyStreamStatus at most 9 at once (the notification drain keeps one of its 10 slots
+free while a replay runs), from plain coroutines through the same channel and its connection,
+no actors, no breaker, no permits; measured the same way. `ratio_vs_bare` is the replay's
+elapsed over the bare one's: what the gateway's replay path costs above the transport, on this
+host, at this moment; the CPU of both is reported beside it.
 """
 
 from __future__ import annotations
@@ -39,21 +47,26 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from actors.agent_messages import OwnerArgs, StreamHandle
 from actors.agent_sup import AGENT_SUP_NAME
+from actors.core.notify_store import MAX_INFLIGHT
 from actors.core.verdicts import HeartbeatVerdict
-from actors.owner_table import OWNERS_TABLE
+from actors.owner_table import OWNERS_TABLE, OwnerRow
 from actors.registry_messages import Commit, Committed, Reserve, Reserved, Taken, TakePending
-from actors.sessions import REGISTRY_NAME
+from actors.sessions import AGENTS_TABLE, REGISTRY_NAME
 from actors.upstream import NAME as UPSTREAM
+from actors.upstream_notify import WIRE_CAPABILITIES
 from gateway.boot import prepare
+from gateway.config.keys.cluster import CLUSTER_ID
+from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from gateway.node import Node
+from gateway.upstream.api import Channel, UpstreamCallError
 from gateway.upstream.channel_actor import upstream_channel
-from gateway.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER
+from gateway.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.api import start_child
@@ -79,6 +92,9 @@ TARGET_RATIO = 1.05
 CONNECT_TIMEOUT_S = 10.0
 HOLD_BATCH = 250  # owners started at once while the sessions are made
 REGISTER_BYTES = 2048  # about a real agent's RegisterRequest
+# The notification drain keeps one of its 10 slots free while a replay runs (NS-23), so the
+# replay's CONNECTED notices go at most 9 at once; the bare reference keeps the same bound.
+BARE_NOTIFY_SLOTS = MAX_INFLIGHT - 1
 _CONNECTED = gateway_pb2.StreamStatusNotification.CONNECTED
 
 
@@ -93,6 +109,12 @@ class Probe:
         self.notifies = 0
         self.in_flight = 0
         self.peak = 0
+
+    @property
+    def elapsed(self) -> float:
+        """From the first ProxyRegister call to the last answer."""
+        assert self.first_call is not None and self.last_answer is not None
+        return self.last_answer - self.first_call
 
     def wrap(self, unary: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         async def measured(method: str, *args: Any, **kwargs: Any) -> Any:
@@ -183,6 +205,61 @@ async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> 
         await asyncio.sleep(0.02)
 
 
+async def bare_replay(
+    channel: Channel, rows: Sequence[OwnerRow], notice: Callable[[OwnerRow], Any], timeout: float
+) -> int:
+    """The replay's calls without the gateway around them: for each row its stored request as
+    ProxyRegister with the session id, at most REPLAY_PERMITS at once, then, once that is
+    answered, its CONNECTED (`notice(row)`), at most BARE_NOTIFY_SLOTS at once, the lane going
+    on to its next row meanwhile, as a replay frees its permit on the answer and hands the
+    notice to the notification lane. Returns the
+    calls that did not succeed: ProxyRegisters failed or answered accepted=false, and
+    notifications failed or not acknowledged (0 expected)."""
+    loop = asyncio.get_running_loop()
+    notify_slots = asyncio.Semaphore(BARE_NOTIFY_SLOTS)
+    notices: set[asyncio.Task[None]] = set()
+    unsuccessful = 0
+
+    async def notify(row: OwnerRow) -> None:
+        nonlocal unsuccessful
+        async with notify_slots:
+            try:
+                ack = await channel.unary(
+                    NOTIFY_STREAM_STATUS, notice(row), gateway_pb2.StreamStatusAck, timeout=timeout
+                )
+            except UpstreamCallError:
+                unsuccessful += 1
+            else:
+                unsuccessful += not ack.acknowledged
+
+    async def lane(pending: Iterator[OwnerRow]) -> None:
+        nonlocal unsuccessful
+        for row in pending:  # one iterator shared by the lanes: each row is taken once
+            assert row.register is not None
+            try:
+                answer = await channel.unary(
+                    PROXY_REGISTER,
+                    row.register,
+                    agent_pb2.RegisterResponse,
+                    timeout=timeout,
+                    metadata={SESSION_ID_METADATA: row.session_id},
+                )
+            except UpstreamCallError:
+                unsuccessful += 1
+                continue  # a failed replay announces nothing
+            if not answer.accepted:
+                unsuccessful += 1
+                continue
+            task = loop.create_task(notify(row))
+            notices.add(task)
+            task.add_done_callback(notices.discard)
+
+    shared = iter(rows)
+    await asyncio.gather(*(lane(shared) for _ in range(REPLAY_PERMITS)))
+    await asyncio.gather(*notices)
+    return unsuccessful
+
+
 def upstream_status(runtime: LoopSystemBase) -> dict[str, Any]:
     address = runtime.whereis(UPSTREAM)
     ref = None if address is None else runtime.ref(address)
@@ -222,8 +299,9 @@ async def run_benchmark(
             )
             channel = upstream_channel(runtime)
             assert channel is not None
+            unary = channel.unary
             probe = Probe()
-            channel.unary = probe.wrap(channel.unary)  # type: ignore[method-assign]
+            channel.unary = probe.wrap(unary)  # type: ignore[method-assign]
             registry = node.ctx.registry
             replays_before = registry.get_sample_value("yuzu_gw_registration_replay_total") or 0
             gc.collect()
@@ -257,8 +335,35 @@ async def run_benchmark(
             ) - replays_before
             status = upstream_status(runtime)
             connected_resent = probe.notifies  # before the stop's DISCONNECTEDs
-    assert probe.first_call is not None and probe.last_answer is not None
-    elapsed = probe.last_answer - probe.first_call
+            progress(f"bare reference: the same {sessions} calls, no actors")
+            rows = [row for row in owners.values() if isinstance(row, OwnerRow)]
+            agents = runtime.table(AGENTS_TABLE)
+            assert agents is not None
+            gateway_node, cluster_id = node.ctx.node.name, node.ctx.config[CLUSTER_ID]
+
+            def notice(row: OwnerRow) -> gateway_pb2.StreamStatusNotification:
+                # The fields the notification lane sends (actors/upstream_notify.py).
+                return gateway_pb2.StreamStatusNotification(
+                    agent_id=row.agent_id,
+                    session_id=row.session_id,
+                    event=_CONNECTED,
+                    peer_addr=agents.get(row.session_id).peer,
+                    gateway_node=gateway_node,
+                    wire_capabilities=WIRE_CAPABILITIES,
+                    cluster_id=cluster_id,
+                    stream_home_id=row.stream_home_id,
+                )
+
+            bare = Probe()
+            channel.unary = bare.wrap(unary)  # type: ignore[method-assign]
+            timeout = node.ctx.config[UPSTREAM_RPC_TIMEOUT_MS] / 1000.0
+            gc.collect()
+            bare_cpu, bare_server_cpu = time.process_time(), process_cpu_s(server_pid)
+            bare_unsuccessful = await bare_replay(channel, rows, notice, timeout)
+            bare_cpu = time.process_time() - bare_cpu
+            bare_server_cpu = process_cpu_s(server_pid) - bare_server_cpu
+            channel.unary = unary  # type: ignore[method-assign]
+    elapsed = probe.elapsed
     adopted = int(status["replay_adopted"])
     result: dict[str, Any] = {
         "benchmark": NAME,
@@ -276,6 +381,19 @@ async def run_benchmark(
         "connected_resent": connected_resent,
         "gateway_cpu_s": round(cpu, 3),
         "server_cpu_s": round(server_cpu, 3),
+        # The same per replayed session: what to compare between runs on a shared host, where
+        # elapsed moves with the load and CPU time much less.
+        "gateway_cpu_ms_per_session": round(cpu / sessions * 1000, 3),
+        "bare_elapsed_s": round(bare.elapsed, 4),
+        "bare_ratio_to_bound": round(bare.elapsed / bound_s, 3),
+        "ratio_vs_bare": round(elapsed / bare.elapsed, 3),
+        "bare_proxy_register_calls": bare.registers,
+        "bare_connected_sent": bare.notifies,
+        "bare_unsuccessful": bare_unsuccessful,
+        "bare_peak_in_flight": bare.peak,
+        "bare_gateway_cpu_s": round(bare_cpu, 3),
+        "bare_server_cpu_s": round(bare_server_cpu, 3),
+        "bare_cpu_ms_per_session": round(bare_cpu / sessions * 1000, 3),
         "load_average_1m": os.getloadavg()[0],
         "targets_met": {
             "replayed_all": adopted == sessions,
@@ -314,7 +432,23 @@ def table_rows(result: dict[str, Any]) -> list[Row]:
         Row("CONNECTED notices re-sent", str(result["connected_resent"])),
         Row(
             "gateway / server CPU during the replay",
-            f"{result['gateway_cpu_s']:.2f} / {result['server_cpu_s']:.2f} s",
+            f"{result['gateway_cpu_s']:.2f} / {result['server_cpu_s']:.2f} s"
+            f" ({result['gateway_cpu_ms_per_session']:.3f} ms per session)",
+        ),
+        Row(
+            "bare reference: the same calls, no actors",
+            f"{result['bare_elapsed_s']:.3f} s ({result['bare_ratio_to_bound']:.3f} x bound)",
+        ),
+        Row("replay / bare", f"{result['ratio_vs_bare']:.3f}"),
+        Row(
+            "bare: ProxyRegister / CONNECTED / unsuccessful",
+            f"{result['bare_proxy_register_calls']} / {result['bare_connected_sent']}"
+            f" / {result['bare_unsuccessful']}",
+        ),
+        Row(
+            "gateway / server CPU during the bare calls",
+            f"{result['bare_gateway_cpu_s']:.2f} / {result['bare_server_cpu_s']:.2f} s"
+            f" ({result['bare_cpu_ms_per_session']:.3f} ms per session)",
         ),
         Row("host load average (1 min)", f"{result['load_average_1m']:.2f}"),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -194,6 +195,7 @@ async def test_a_probe_past_its_deadline_is_killed_and_counts_as_a_failed_probe(
     channel.freeze()
     h.tell(actors.upstream, notify(7, D))
     await h.wait_until(lambda: len(channel.calls(NOTIFY)) == 1, 2.0, "the probe")
+    assert call_tasks() == Counter({"_unary": 1, "_relay": 1})  # a call the lane can kill
     await h.wait_until(lambda: state(h) is State.OPEN, 2.0, "killed probe reopens")
     await h.settle()
     assert channel.calls(NOTIFY)[0].outcome == "cancelled"  # killed, not answered
@@ -234,6 +236,32 @@ async def test_at_most_ten_in_flight(h: Harness) -> None:
     assert sorted(c.request.agent_id for c in channel.calls(NOTIFY)) == sorted(
         f"agent-{n}" for n in range(30)
     )
+
+
+def call_tasks() -> Counter[str]:
+    """The lanes' call tasks now pending, by coroutine: `_unary` (a call), `_relay` (the worker
+    in front of a call the lane can kill)."""
+    names = (t.get_coro().__qualname__ for t in asyncio.all_tasks() if not t.done())  # type: ignore[union-attr]
+    return Counter(name for name in names if name in ("_unary", "_relay"))
+
+
+@actor_test
+async def test_an_ordinary_send_is_one_task_that_ends_with_the_actor(h: Harness) -> None:
+    # A send is one worker task (the call itself): a relay in front of it would cost a second
+    # task and a loop turn per notification. Only the probe, which the lane kills at its
+    # deadline, runs behind one (test_a_probe_past_its_deadline_is_killed_...).
+    actors, channel = start(h, channel=HangingChannel())
+    channel.freeze()
+    for n in range(3):
+        h.tell(actors.upstream, notify(n))
+    await h.wait_until(lambda: len(channel.calls(NOTIFY)) == 3, 2.0, "the sends")
+    assert call_tasks() == Counter({"_unary": 3})
+
+    h.tell(actors.upstream, ActorExitRequest())
+    await h.settle()
+    await asyncio.sleep(0.01)
+    assert {c.outcome for c in channel.calls(NOTIFY)} == {"cancelled"}  # ended with the actor
+    assert call_tasks() == Counter()
 
 
 @actor_test
