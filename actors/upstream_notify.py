@@ -457,26 +457,18 @@ class NotifyLane:
         token = send.token
         self._tickets[token] = ticket
         self._notes[token] = send.note
-        build = functools.partial(self._request, send.note)
-        if send.deadline is None:
-            start_call(
-                self.host,
-                NotifyWork(token),
-                NOTIFY_STREAM_STATUS,
-                build,
-                gateway_pb2.StreamStatusAck,
-                timeout=timeout,
-            )
-            return
-        # The probe: killed at its deadline, so its call is a task this lane can cancel.
-        self._tasks[token] = start_killable_call(
+        call = (
             self.host,
             NotifyWork(token),
             NOTIFY_STREAM_STATUS,
-            build,
+            functools.partial(self._request, send.note),
             gateway_pb2.StreamStatusAck,
-            timeout=timeout,
         )
+        if send.deadline is None:
+            start_call(*call, timeout=timeout)
+            return
+        # The probe: killed at its deadline, so its call is a task this lane can cancel.
+        self._tasks[token] = start_killable_call(*call, timeout=timeout)
         delay = max(0.0, send.deadline - now)
         self._probe_timers[token] = self.host.wakeupAfter(delay, NotifyTimer("probe", token))
 

@@ -24,12 +24,13 @@ histogram observation: about 100 a second, a few microseconds each.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import weakref
 
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from gateway.node_task import NodeTask
 
 __all__ = [
     "BUSY_STALL",
@@ -97,34 +98,19 @@ def loop_gauges(registry: CollectorRegistry) -> LoopGauges:
 
 
 @attrs.define
-class LoopMonitor:
+class LoopMonitor(NodeTask):
     """Owned by the node: `start` in `Node.start`, `stop` in `Node.stop`."""
 
     registry: CollectorRegistry
     tick_s: float = TICK_S
     max_stall_s: float = attrs.field(init=False, default=0.0)
-    _task: asyncio.Task[None] | None = attrs.field(init=False, default=None)
-
-    @property
-    def task(self) -> asyncio.Task[None] | None:
-        return self._task
 
     def start(self) -> None:
-        if self._task is None:
+        if self.task is None:
             gauges = loop_gauges(self.registry)
             gauges.lag.set(0.0)
             gauges.max_stall.set(0.0)
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(gauges), name="loop_monitor"
-            )
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            self._spawn(self._run(gauges), "loop_monitor")
 
     async def _run(self, gauges: LoopGauges) -> None:
         loop = asyncio.get_running_loop()

@@ -10,11 +10,11 @@ collector's own are (gateway/node_metrics.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.node_task import NodeTask
 from supervisors.gc_policy import YOUNG_CHECK_S, YOUNG_GENERATION_BOUND, collect_young_if_over
 
 __all__ = ["BOUNDED", "YoungGenerationBound"]
@@ -23,16 +23,15 @@ BOUNDED = "yuzu_gw_gc_young_bounded_total"
 
 
 @attrs.define
-class YoungGenerationBound:
+class YoungGenerationBound(NodeTask):
     """Owned by the node: `start` in `Node.start`, `stop` in `Node.stop`."""
 
     registry: CollectorRegistry
     bound: int = YOUNG_GENERATION_BOUND
     interval_s: float = YOUNG_CHECK_S
-    _task: asyncio.Task[None] | None = attrs.field(init=False, default=None)
 
     def start(self) -> None:
-        if self._task is None:
+        if self.task is None:
             bounded = Counter(
                 BOUNDED,
                 "Young-generation collections the node started because generation 0 held more"
@@ -40,17 +39,7 @@ class YoungGenerationBound:
                 " old objects too, so it lets generation 0 grow past it).",
                 registry=self.registry,
             )
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(bounded), name="young_generation_bound"
-            )
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            self._spawn(self._run(bounded), "young_generation_bound")
 
     async def _run(self, bounded: Counter) -> None:
         while True:
