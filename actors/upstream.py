@@ -60,7 +60,7 @@ from actors.core.warn_limit import WarnLimiter
 from actors.recovery_messages import PresentSession, SettleDisconnected
 from actors.stop_messages import StopAdmitting
 from actors.upstream_guardian import GuardianLane, GuardianWork
-from actors.upstream_lane import CallResult
+from actors.upstream_lane import CallResult, class_and_why
 from actors.upstream_messages import ForwardGuardian, Notify
 from actors.upstream_notify import (
     FlushDone,
@@ -385,7 +385,7 @@ class Upstream(Process):
             limited = status in REQUEST_FAULT_STATUSES
             self._warn(line, ("failed", method, status) if limited else None, now)
         elif kind in (ResultKind.ENCODE, ResultKind.EXCEPTION):
-            line = f"Upstream RPC {method} raised {kind.value}:{detail_text or '-'}"
+            line = f"Upstream RPC {method} raised {class_and_why(kind, detail_text or '-')}"
             self._warn(line, ("raised", method), now)
         else:
             self._warn(f"Upstream RPC {method} failed: {code}{detail}", None, now)

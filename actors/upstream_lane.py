@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from supervisors.runtime import LoopSystemBase
     from supervisors.table import Table
 
-__all__ = ["CallResult", "LaneHost", "result_of", "start_call", "start_killable_call"]
+__all__ = [
+    "CallResult",
+    "LaneHost",
+    "class_and_why",
+    "result_of",
+    "start_call",
+    "start_killable_call",
+]
 
 M = TypeVar("M", bound=Message)
 
@@ -73,6 +80,17 @@ class CallResult:
     status: int | None = None
     detail: str = ""
     response: Any = None
+
+
+# The seed writes what a call raised as Erlang's `<Class>:<Why>`, and a request the gateway's own
+# encoder refused as `error:request_too_large`: so its class is `error`, every other kind's is
+# the kind's name (`exception:<Class>`, `status:<code>`).
+ENCODE_CLASS = "error"
+
+
+def class_and_why(kind: ResultKind, why: object) -> str:
+    """`<Class>:<Why>` of a call's failure, for its log lines."""
+    return f"{ENCODE_CLASS if kind is ResultKind.ENCODE else kind.value}:{why}"
 
 
 def result_of(done: WorkerDone) -> CallResult | None:

@@ -60,6 +60,7 @@ from actors.sessions import OWNERS_TABLE
 from actors.upstream_lane import (
     CallResult,
     LaneHost,
+    class_and_why,
     result_of,
     start_call,
     start_killable_call,
@@ -334,7 +335,7 @@ class NotifyLane:
         elif result.kind is ResultKind.ENCODE or (
             result.kind is ResultKind.STATUS and result.status in REQUEST_FAULT_STATUSES
         ):
-            why = f"{result.kind.value}:{result.detail or result.status}"
+            why = class_and_why(result.kind, result.detail or result.status)
             effects = self.store.rejected(
                 token, now, encode_error=why if result.kind is ResultKind.ENCODE else None
             )

@@ -105,7 +105,7 @@ def test_l17_an_unencodable_register_is_internal_with_the_raised_line(
 
     run(body)
     assert lines(caplog, UPSTREAM_LOGGER, "raised") == [
-        (logging.WARNING, "Upstream RPC ProxyRegister raised encode:request_too_large")
+        (logging.WARNING, "Upstream RPC ProxyRegister raised error:request_too_large")
     ]
 
 
