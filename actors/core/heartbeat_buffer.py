@@ -340,6 +340,10 @@ class _Cycle:
     shutdown: bool
     budget: int  # chunks this cycle may still send
     deadline: float | None
+    # The newest intake a cycle may send (None: any, the shutdown flush's). What arrives while
+    # a cycle runs waits for the next one: cut from the live buffer, a cycle went on packing
+    # the few heartbeats each chunk's round trip brought, 8 small calls where one would do.
+    upto: int | None
     out: _Chunk | None = None
     attempted: set[str] = attrs.field(factory=set)  # sent in this cycle: not packed again
     delivered: int = 0
@@ -499,7 +503,9 @@ class HeartbeatBuffer:
         overlap), after the shutdown flush, or when nothing is buffered."""
         if self._cycle is not None or self._stopped or not self._entries:
             return []
-        self._cycle = _Cycle(shutdown=False, budget=self.policy.max_chunks, deadline=None)
+        self._cycle = _Cycle(
+            shutdown=False, budget=self.policy.max_chunks, deadline=None, upto=self._seq
+        )
         return self._advance(now)
 
     def start_shutdown_flush(self, now: float) -> list[Effect]:
@@ -513,8 +519,11 @@ class HeartbeatBuffer:
         c = self._cycle
         if c is not None:
             c.shutdown, c.budget, c.deadline = True, self.policy.shutdown_chunks, deadline
+            c.upto = None
             return []  # a cycle exists only while its chunk is out: its result goes on
-        self._cycle = _Cycle(shutdown=True, budget=self.policy.shutdown_chunks, deadline=deadline)
+        self._cycle = _Cycle(
+            shutdown=True, budget=self.policy.shutdown_chunks, deadline=deadline, upto=None
+        )
         return self._advance(now)
 
     def poll(self, now: float) -> list[Effect]:
@@ -618,19 +627,22 @@ class HeartbeatBuffer:
             self._regroup([sid for sid in group if sid not in taken])
             c.attempted.update(taken)
             return self._new_chunk(members, from_group=True)
-        members = self._fit(self._entries, room, skip=c.attempted | self._grouped)
+        members = self._fit(self._entries, room, skip=c.attempted | self._grouped, upto=c.upto)
         if not members:
             return None
         c.attempted.update(m.session_id for m in members)
         return self._new_chunk(members, from_group=False)
 
-    def _fit(self, sids: Iterable[str], room: int, skip: AbstractSet[str]) -> list[_Sent]:
-        """The buffered sessions of `sids`, in order, until the next one would not fit."""
+    def _fit(
+        self, sids: Iterable[str], room: int, skip: AbstractSet[str], upto: int | None = None
+    ) -> list[_Sent]:
+        """The buffered sessions of `sids`, in order, until the next one would not fit; none
+        written by an intake after `upto`."""
         members: list[_Sent] = []
         used = 0
         for sid in sids:
             entry = self._entries.get(sid)
-            if entry is None or sid in skip:
+            if entry is None or sid in skip or (upto is not None and entry.version > upto):
                 continue
             if used + entry.cost > room:
                 break

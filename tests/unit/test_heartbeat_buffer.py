@@ -499,6 +499,31 @@ def test_a_tick_while_a_cycle_runs_does_nothing() -> None:
     assert buf.chunk_result(send.chunk_id, Outcome.OK, 1.0) == []  # a repeated result
 
 
+def test_what_arrives_while_a_cycle_runs_waits_for_the_next_cycle() -> None:
+    """A cycle sends what was buffered when it started: cut from the live buffer it went on
+    packing the few heartbeats each round trip brought, 8 small calls where one would do."""
+    buf = buffer()
+    buf.intake(hb("a"))
+    buf.intake(hb("b"))
+    send = one_send(buf.start_flush(0.0))
+    buf.intake(hb("c"))  # arrives while the chunk is out
+    buf.intake(hb("a"))  # a newer heartbeat of a session being sent
+    end = done(buf.chunk_result(send.chunk_id, Outcome.OK, 0.5))
+    assert (end.delivered, end.chunks, end.why, end.left) == (2, 1, "drained", 2)
+    chunks, _ = run_cycle(buf, ok, now=1.0)
+    assert [sids(c) for c in chunks] == [["a", "c"]]  # "a" kept its place while it was out
+
+
+def test_the_shutdown_flush_sends_what_arrived_during_it_too() -> None:
+    buf = buffer()
+    buf.intake(hb("a"))
+    send = one_send(buf.start_flush(0.0))
+    buf.intake(hb("b"))
+    assert buf.start_shutdown_flush(0.1) == []  # the cycle out becomes the shutdown flush
+    second = one_send(buf.chunk_result(send.chunk_id, Outcome.OK, 0.2))
+    assert sids(second) == ["b"]
+
+
 def test_a_transient_failure_keeps_the_chunk_and_those_not_sent() -> None:
     buf = buffer()
     for i in range(6):
@@ -971,6 +996,8 @@ class BufferMachine(RuleBasedStateMachine):
         self.shutdown_at: float | None = None
         self.shutdown_chunks = 0
         self.cycle_running = False
+        # The newest intake the running cycle may send: None during the shutdown flush.
+        self.upto: int | None = None
         self.steps = 0
         self.expect_half: list[str] = []
 
@@ -1039,6 +1066,7 @@ class BufferMachine(RuleBasedStateMachine):
         self.cycle_running = True
         self.cycle_chunks = 0
         self.attempted = set()
+        self.upto = self.model.seq
         self.after(effects)
 
     @precondition(lambda self: getattr(self, "out", None) is not None)
@@ -1091,7 +1119,10 @@ class BufferMachine(RuleBasedStateMachine):
             if end.shutdown:
                 assert self.shutdown_at is not None
             if end.why == "drained":
-                assert all(e.sid in self.attempted for e in self.model.entries)
+                # Everything the cycle could send went; what came after its start waits.
+                assert all(
+                    e.sid in self.attempted or not self.sendable(e) for e in self.model.entries
+                )
             elif end.why == "transient":
                 assert last is Outcome.TRANSIENT
             elif end.why == "budget":
@@ -1135,7 +1166,7 @@ class BufferMachine(RuleBasedStateMachine):
             eligible = [
                 e
                 for e in self.model.entries
-                if e.sid not in self.attempted and e.sid not in self.reserved
+                if e.sid not in self.attempted and e.sid not in self.reserved and self.sendable(e)
             ]
             expect, used = [], ENVELOPE
             for e in eligible:
@@ -1148,6 +1179,10 @@ class BufferMachine(RuleBasedStateMachine):
         self.reserved -= set(got)
         self.attempted |= set(got)
         self.out, self.out_members = send, members
+
+    def sendable(self, entry: Entry) -> bool:
+        """Written before the running cycle started (any, in the shutdown flush)."""
+        return self.upto is None or entry.version <= self.upto
 
     # -- time and the stop --
 
@@ -1167,6 +1202,7 @@ class BufferMachine(RuleBasedStateMachine):
     def shutdown(self) -> None:
         self.shutdown_at = self.now
         self.shutdown_chunks = 0
+        self.upto = None  # the shutdown flush sends whatever is buffered, a running cycle too
         effects = self.buf.start_shutdown_flush(self.now)
         if self.cycle_running:
             assert effects == []  # the chunk out carries on under the new budget
