@@ -21,6 +21,7 @@ from gateway import crash_redaction
 from gateway.config.keys.node import SHUTDOWN_FLUSH_BUDGET_MS
 from gateway.context import NodeContext
 from gateway.loop_monitor import LoopMonitor
+from gateway.node_task import NodeTask
 from gateway.planned_stop import PlannedStop
 from gateway.refusal import BootRefused
 from gateway.sup import GatewaySup
@@ -44,8 +45,8 @@ class Node:
         self.root: Address | None = None
         self.prep_stop: list[PrepStop] = []
         self._ended: asyncio.Future[ExitReason] | None = None
-        self.loop_monitor: LoopMonitor | None = None
-        self.young_bound: YoungGenerationBound | None = None
+        # The node's own tasks (the loop monitor, the young generation's bound), in start order.
+        self._tasks: tuple[NodeTask, ...] = ()
         self._redaction: crash_redaction.CrashRedaction | None = None
 
     @property
@@ -79,10 +80,9 @@ class Node:
         gc.collect()
         gc.freeze()
         gc_policy.tune()
-        self.loop_monitor = LoopMonitor(self.ctx.registry)
-        self.loop_monitor.start()
-        self.young_bound = YoungGenerationBound(self.ctx.registry)
-        self.young_bound.start()
+        self._tasks = (LoopMonitor(self.ctx.registry), YoungGenerationBound(self.ctx.registry))
+        for task in self._tasks:
+            task.start()
         log.info("node %s started (pid %d)", self.name, os.getpid())
 
     def _primary_ended(self, address: Address, reason: ExitReason) -> None:
@@ -101,10 +101,8 @@ class Node:
         runtime, root = self.runtime, self.root
         if runtime is None or root is None:
             return SHUTDOWN
-        if self.loop_monitor is not None:
-            await self.loop_monitor.stop()
-        if self.young_bound is not None:
-            await self.young_bound.stop()
+        for task in self._tasks:
+            await task.stop()
         budget = self.ctx.config[SHUTDOWN_FLUSH_BUDGET_MS] / 1000
         deadline = runtime.loop.time() + budget
         for step in self.prep_stop:

@@ -3,6 +3,7 @@ started once in `Node.start`, cancelled and awaited in `Node.stop`; a second `st
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import Coroutine
@@ -14,12 +15,16 @@ __all__ = ["NodeTask"]
 
 
 @attrs.define
-class NodeTask:
+class NodeTask(abc.ABC):
     _task: asyncio.Task[None] | None = attrs.field(init=False, default=None)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Spawn the task (`_spawn`) unless it runs already."""
 
     def _spawn(self, body: Coroutine[Any, Any, None], name: str) -> None:
         self._task = asyncio.get_running_loop().create_task(body, name=name)

@@ -82,8 +82,9 @@ from tests.bench.replay import (
     REPLAY_PERMITS,
     gateway,
     hold,
-    upstream_status,
+    notices_drained,
 )
+from tests.bench.replay import wait_for as replay_wait_for
 
 NAME = "owner_kill"
 
@@ -133,11 +134,7 @@ class ConnectedProbe:
 
 async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     """tests/bench/replay.py's wait, polling every POLL_S."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        await asyncio.sleep(POLL_S)
+    await replay_wait_for(predicate, timeout, what, POLL_S)
 
 
 def rows(runtime: LoopSystemBase) -> dict[str, OwnerRow]:
@@ -183,14 +180,7 @@ def agent_sup_of(runtime: LoopSystemBase) -> Supervisor:
 
 async def drained(runtime: LoopSystemBase) -> None:
     """No notification held or in flight: the previous round's traffic is over."""
-    await wait_for(
-        lambda: (
-            upstream_status(runtime)["notify_pending"] == 0
-            and upstream_status(runtime)["notify_inflight"] == 0
-        ),
-        60.0,
-        "the notices to drain",
-    )
+    await notices_drained(runtime, "the notices to drain", POLL_S)
 
 
 async def room_for_restarts(runtime: LoopSystemBase, killed_n: int) -> None:

@@ -197,12 +197,24 @@ async def hold(runtime: LoopSystemBase, i: int) -> None:
     await start_child(runtime, agent_sup, args)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+async def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, poll_s: float = 0.02
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(poll_s)
+
+
+async def notices_drained(runtime: LoopSystemBase, what: str, poll_s: float = 0.02) -> None:
+    """Until no stream-status notification is held or in flight (at most 60 s)."""
+
+    def drained() -> bool:
+        status = upstream_status(runtime)
+        return status["notify_pending"] == 0 and status["notify_inflight"] == 0
+
+    await wait_for(drained, 60.0, what, poll_s)
 
 
 async def bare_replay(
@@ -289,14 +301,7 @@ async def run_benchmark(
             owners = runtime.table(OWNERS_TABLE)
             assert owners is not None
             await wait_for(lambda: len(owners) == sessions, 60.0, "every owner's row")
-            await wait_for(
-                lambda: (
-                    upstream_status(runtime)["notify_pending"] == 0
-                    and upstream_status(runtime)["notify_inflight"] == 0
-                ),
-                60.0,
-                "the first CONNECTED notices",
-            )
+            await notices_drained(runtime, "the first CONNECTED notices")
             channel = upstream_channel(runtime)
             assert channel is not None
             unary = channel.unary
