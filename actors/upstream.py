@@ -269,6 +269,7 @@ class Upstream(Process):
             case WakeupMessage(payload=payload) if payload == _POLL:
                 self._poll_timer = None
                 self.perform(self.breaker.poll(self.now()))
+                self._arm_poll()  # a wakeup a little early moves nothing: poll again later
             case FlushNotifications():
                 self.notify.on_flush(msg, sender)
             case RaiseNotifyCap():
@@ -329,7 +330,11 @@ class Upstream(Process):
 
     def perform(self, effects: list[Effect]) -> None:
         """Carry out breaker effects. A transition to closed, or a free probe slot, starts a
-        notification drain: held notifications wait for exactly these moments."""
+        notification drain: held notifications wait for exactly these moments. No effects:
+        nothing moved (the breaker's deadline moves only with a transition), nothing to do; most
+        results and admissions are that."""
+        if not effects:
+            return
         drain = moved = False
         for effect in effects:
             match effect:

@@ -208,6 +208,17 @@ def _policy(config: Config) -> NotifyPolicy:
 
 
 @attrs.define(eq=False)
+class _Out:
+    """A send in flight: what its result needs (its breaker ticket, its notification for the
+    lines) and, for the probe, its call (killed past its deadline) and that deadline's timer."""
+
+    ticket: Ticket
+    note: Notification
+    task: asyncio.Task[Any] | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+@attrs.define(eq=False)
 class _Flush:
     waiters: list[Address]
     deadline: float
@@ -232,12 +243,8 @@ class NotifyLane:
         # The owner-recovery lane's hook (actors/upstream_recovery.py), set by the actor.
         self.on_settled: Callable[[Settled], None] = lambda _settled: None
         self._limiter = WarnLimiter()
-        # token -> what a send in flight needs when it ends: its breaker ticket, its probe's
-        # call (so a probe past its deadline can be killed) and timer, its notification (lines)
-        self._tickets: dict[int, Ticket] = {}
-        self._tasks: dict[int, asyncio.Task[Any]] = {}
-        self._probe_timers: dict[int, asyncio.TimerHandle] = {}
-        self._notes: dict[int, Notification] = {}
+        # token -> the send in flight, until its result or its probe deadline
+        self._out: dict[int, _Out] = {}
         self._due_timer: asyncio.TimerHandle | None = None
         self._due_at = 0.0
         self._draining = False
@@ -269,8 +276,12 @@ class NotifyLane:
         """Hold `note` and drain: an owner's `Notify`, or a replay's CONNECTED (the replay lane
         offers its notification directly, with no message in between)."""
         now = self.host.now()
-        self._carry_out(self.store.offer(note, now), now)
-        self._pump()
+        store = self.store
+        self._carry_out(store.offer(note, now), now)
+        # With every slot taken the drain would start nothing (its due resends and expiries
+        # wait for the next result's drain, which comes first): a mass offer skips it.
+        if store.mode is not Mode.RUNNING or store.slots_free:
+            self._pump()
 
     def on_raise_cap(self, msg: RaiseNotifyCap) -> None:
         self.store.set_cap(self.store.cap + msg.extra)
@@ -311,14 +322,12 @@ class NotifyLane:
 
     def on_done(self, done: WorkerDone) -> None:
         token: int = done.tag.token
-        self._tasks.pop(token, None)
-        timer = self._probe_timers.pop(token, None)
-        if timer is not None:
-            self.host.cancel_wakeup(timer)
-        ticket = self._tickets.pop(token, None)
-        note = self._notes.pop(token, None)
-        if ticket is None or note is None:
+        out = self._out.pop(token, None)
+        if out is None:
             return  # already ended by the probe deadline
+        if out.timer is not None:
+            self.host.cancel_wakeup(out.timer)
+        note = out.note
         now = self.host.now()
         result = result_of(done)
         if result is None:
@@ -345,14 +354,15 @@ class NotifyLane:
             then = "held again" if self.store.mode is Mode.RUNNING else "not retried (stopping)"
             self._failed(note, _why(result), then)
         self._carry_out(effects, now)
-        self.host.record(ticket, Lane.NOTIFY, NOTIFY_STREAM_STATUS, result)
+        self.host.record(out.ticket, Lane.NOTIFY, NOTIFY_STREAM_STATUS, result)
         self._pump()
 
     # -- the drain -----------------------------------------------------------------------------
 
     def drain(self) -> None:
         """Start what may start now. Re-entrant calls (a breaker transition performed while a
-        drain runs) run one more round instead of nesting."""
+        drain runs) run one more round instead of nesting. Ends with the lane's saturation
+        published: a result that frees a slot the drain takes again changes nothing there."""
         if self.store.mode is not Mode.RUNNING:
             self._pump()
             return
@@ -379,16 +389,24 @@ class NotifyLane:
         finally:
             self._draining = False
         self._arm_due(self.host.now())
+        self._publish_saturation()
 
     def _pump(self) -> None:
         mode = self.store.mode
         if mode is Mode.RUNNING:
             self.drain()
-        elif mode is Mode.FLUSHING:
+            return
+        if mode is Mode.FLUSHING:
             now = self.host.now()
             self._carry_out(self.store.flush(now), now)
             if self.store.flush_done:
                 self._finish_flush()
+        self._publish_saturation()
+
+    def _publish_saturation(self) -> None:
+        # After every drain, flush and result: the sends out only change there.
+        store = self.store
+        self._saturation.update(store.inflight >= store.policy.max_inflight)
 
     def _holds_session(self, note: Notification) -> bool:
         table = self.host.runtime.table(OWNERS_TABLE)
@@ -431,9 +449,6 @@ class NotifyLane:
                     self._replay_armed(now)
                 case Settled():
                     self.on_settled(effect)  # an owner recovering its session waits for it
-        # Every store call that starts or ends a send returns its effects through here.
-        store = self.store
-        self._saturation.update(store.inflight >= store.policy.max_inflight)
 
     def _start(self, send: Send, now: float) -> None:
         breaker = self.host.breaker
@@ -456,8 +471,7 @@ class NotifyLane:
             if self._flush is not None:
                 timeout = max(0.001, min(timeout, self._flush.deadline - now))
         token = send.token
-        self._tickets[token] = ticket
-        self._notes[token] = send.note
+        out = self._out[token] = _Out(ticket, send.note)
         call = (
             self.host,
             NotifyWork(token),
@@ -469,9 +483,9 @@ class NotifyLane:
             start_call(*call, timeout=timeout)
             return
         # The probe: killed at its deadline, so its call is a task this lane can cancel.
-        self._tasks[token] = start_killable_call(*call, timeout=timeout)
+        out.task = start_killable_call(*call, timeout=timeout)
         delay = max(0.0, send.deadline - now)
-        self._probe_timers[token] = self.host.wakeupAfter(delay, NotifyTimer("probe", token))
+        out.timer = self.host.wakeupAfter(delay, NotifyTimer("probe", token))
 
     def _request(self, note: Notification) -> gateway_pb2.StreamStatusNotification:
         return gateway_pb2.StreamStatusNotification(
@@ -486,18 +500,15 @@ class NotifyLane:
         )
 
     def _probe_deadline(self, token: int) -> None:
-        self._probe_timers.pop(token, None)
-        ticket = self._tickets.pop(token, None)
-        self._notes.pop(token, None)
-        if ticket is None:
+        out = self._out.pop(token, None)
+        if out is None:
             return  # its result came first
-        task = self._tasks.pop(token, None)
-        if task is not None:
-            task.cancel()  # "killed": no WorkerDone follows
+        if out.task is not None:
+            out.task.cancel()  # "killed": no WorkerDone follows
         now = self.host.now()
         self._carry_out(self.store.probe_timed_out(token, now), now)
         killed = CallResult(ResultKind.PROBE_KILLED, detail="notify_probe_timeout_ms")
-        self.host.record(ticket, Lane.NOTIFY, NOTIFY_STREAM_STATUS, killed)
+        self.host.record(out.ticket, Lane.NOTIFY, NOTIFY_STREAM_STATUS, killed)
         self._pump()
 
     def _finish_flush(self) -> None:

@@ -448,6 +448,12 @@ class NotifyStore:
         return len(self._out)
 
     @property
+    def slots_free(self) -> bool:
+        """Fewer sends out than max_inflight. Without a free slot a drain starts nothing: it can
+        only expire waiting DISCONNECTED resends, which the drain after the next result does."""
+        return len(self._out) < self.policy.max_inflight
+
+    @property
     def resends_out(self) -> int:
         return self._retry.out
 

@@ -258,6 +258,8 @@ class RetrySet(Generic[N]):
 
     def next_deadline(self) -> float | None:
         """When the next waiting entry falls due or a waiting DISCONNECTED's window ends."""
+        if not self._due and not self._windows:
+            return None  # nothing waits; the common case, asked after every drain
         self._clean_heads()
         times = [heap[0][0] for heap in (self._due, self._windows) if heap]
         finite = [t for t in times if math.isfinite(t)]

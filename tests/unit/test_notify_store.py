@@ -170,6 +170,17 @@ def test_fifo_at_most_ten_in_flight() -> None:
     assert [x.note.agent_id for x in sends(s.drain(1.0, CLOSED))] == ["agent-10"]
 
 
+def test_slots_free_says_whether_a_drain_can_start_anything() -> None:
+    s = store()
+    for n in range(11):
+        s.offer(note(n), 0.0)
+    assert s.slots_free
+    first = sends(s.drain(0.0, CLOSED))
+    assert not s.slots_free and s.drain(0.0, CLOSED) == []  # the skipped drain starts nothing
+    s.sent_ok(first[0].token, 1.0)
+    assert s.slots_free and len(sends(s.drain(1.0, CLOSED))) == 1
+
+
 def test_replay_active_keeps_one_slot_free() -> None:
     s = store()
     for n in range(12):
