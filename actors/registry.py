@@ -160,34 +160,43 @@ class Registry(Process):
     def receiveMessage(self, msg: Any, sender: Address) -> None:
         now = self.now()
         match msg:
-            case Reserve():
-                self.send(sender, self._reserve(msg, now))
+            # These free slots or hold one with no expiry: no deadline comes earlier, so the
+            # timer needs no look (the owners' messages, two in every owner restart).
+            case OwnerUp():
+                self.send(sender, self._owner_up(msg, now))
+            case ActorDown(address=address):
+                self._owner_down(address)
+            case Unregister(session_id=session_id, owner=owner):
+                self._unregister(session_id, owner)
             case Release(request_id=request_id):
                 self._free(("reservation", request_id))
+            case ReleaseTaken(session_id=session_id):
+                self._free(_subscribing(session_id))
+                self._reindex(session_id)
+            case GetCounts():
+                self.send(sender, self._counts())
+            case _:
+                self._timed(msg, sender, now)
+                self._arm(now)
+
+    def _timed(self, msg: Any, sender: Address, now: float) -> None:
+        """The messages that may set a deadline (a reservation's or a take's expiry, a pending
+        row's TTL, a connection's grace) or sweep them: the timer is armed after each."""
+        match msg:
+            case Reserve():
+                self.send(sender, self._reserve(msg, now))
             case Commit():
                 self.send(sender, self._commit(msg, now))
             case TakePending():
                 self.send(sender, self._take(msg, now))
-            case ReleaseTaken(session_id=session_id):
-                self._free(_subscribing(session_id))
-                self._reindex(session_id)
-            case OwnerUp():
-                self.send(sender, self._owner_up(msg, now))
-            case Unregister(session_id=session_id, owner=owner):
-                self._unregister(session_id, owner)
-            case ActorDown(address=address):
-                self._owner_down(address)
             case ConnectionDown(conn_key=conn_key):
                 self._connection_down(conn_key, now)
             case WakeupMessage(payload=(tag, gen)) if tag == _SWEEP:
                 if gen == self._timer_gen:
                     self._timer, self._timer_at = None, math.inf
                 self._sweep(now)
-            case GetCounts():
-                self.send(sender, self._counts())
             case _:
                 pass
-        self._arm(now)
 
     def format_status(self) -> Mapping[str, Any]:
         return attrs.asdict(self._counts())
