@@ -116,7 +116,9 @@ WITHHELD = "a log record was withheld: crash redaction failed on it"
 # How far along __cause__ / __context__ a traceback is searched for a covered frame.
 _MAX_CHAIN = 8
 
-_SAFE_TYPES = (bool, int, float, type(None), ExitReason, Address, enum.Enum)
+_SAFE_TYPES = (ExitReason, Address, int, float, type(None), enum.Enum)  # bool is an int
+# Our own loggers' text is safe too (only our own lines promise that theirs hold no secret).
+_SAFE_OWN_TYPES = (str, *_SAFE_TYPES)
 
 
 class CrashRedaction(logging.Filter):
@@ -202,8 +204,13 @@ def uninstall() -> None:
 
 
 def _names_covered(args: Any) -> bool:
-    values = args.values() if isinstance(args, Mapping) else args or ()
-    return any(isinstance(value, str) and value in COVERED_ACTORS for value in values)
+    # Every record passes here and in `_safe_args` (the factory runs on each): the tuple of a
+    # %-format is looked for before the slower Mapping ABC check.
+    if isinstance(args, tuple):
+        values = args
+    else:
+        values = args.values() if isinstance(args, Mapping) else args or ()
+    return not COVERED_ACTORS.isdisjoint([value for value in values if isinstance(value, str)])
 
 
 def _covered_trace(record: logging.LogRecord) -> bool:
@@ -226,15 +233,15 @@ def _tracebacks(exc: BaseException | None) -> Iterator[TracebackType]:
 
 
 def _safe_args(args: Any, *, keep_text: bool) -> Any:
+    if isinstance(args, tuple):
+        return tuple([_safe(value, keep_text) for value in args])
     if isinstance(args, Mapping):
         return {key: _safe(value, keep_text) for key, value in args.items()}
-    if isinstance(args, tuple):
-        return tuple(_safe(value, keep_text) for value in args)
     return args
 
 
 def _safe(value: object, keep_text: bool) -> object:
-    if isinstance(value, _SAFE_TYPES) or (keep_text and isinstance(value, str)):
+    if isinstance(value, _SAFE_OWN_TYPES if keep_text else _SAFE_TYPES):
         return value
     return f"<{type(value).__name__}>"
 
