@@ -172,6 +172,30 @@ def test_a_killed_owner_leaves_its_command_to_time_out_and_recovers(tmp_path: Pa
     run(body)
 
 
+def test_a_presentation_the_server_fails_feeds_the_breaker_and_ends_the_stream(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with asyncio.timeout(60):
+            async with gateway(tmp_path) as (node, fake), fleet(node, fake, 1) as [held]:
+                runtime = node.runtime
+                assert runtime is not None
+                fake.fail("ProxyRegister", grpc.StatusCode.UNAVAILABLE)
+                runtime.kill(owner_of(node, held))
+                assert await asyncio.wait_for(held.stream.code(), 10) is grpc.StatusCode.UNAVAILABLE
+                # The presenting worker's call path tells its outcome: the RPC error metric and
+                # the breaker see a recovery's ProxyRegister like any other.
+                errors = node.ctx.registry.get_sample_value(
+                    "yuzu_gw_upstream_rpc_errors_total",
+                    {"code": "unavailable", "rpc_name": "register"},
+                )
+                assert errors == 1
+                upstream = runtime.ref(runtime.whereis("upstream"))  # type: ignore[arg-type]
+                assert upstream is not None and upstream.instance.breaker.failures == 1
+
+    run(body)
+
+
 def test_ten_percent_of_500_owners_killed_at_once_all_recover(tmp_path: Path) -> None:
     async def body() -> None:
         async with asyncio.timeout(150):
