@@ -127,6 +127,8 @@ class _RecoveryDeadline:
 class AgentOwner(Process):
     def init(self, args: OwnerArgs) -> None:
         self.args = args
+        self.stream_home_id = secrets.token_hex(16)
+        self.life = OwnerLifecycle(self.stream_home_id)
         self.commands = PendingCommands()
         self._registry: Address | None = None
         self._registry_monitor: int | None = None
@@ -142,14 +144,10 @@ class AgentOwner(Process):
         self.answers = 0
         self.unmatched = 0
         self.guardian = 0
-        predecessor = self._find_predecessor()
-        # A restarted owner carries on its dead predecessor's stream home id (`begin` takes it),
-        # so only another owner mints one: 32 hex, randomness being the shell's.
-        if predecessor is not None and not predecessor.alive:
-            self.life = OwnerLifecycle(predecessor.stream_home_id)
-        else:
-            self.life = OwnerLifecycle(secrets.token_hex(16))
-        effects = self.life.begin(stream_open=not args.stream.ended, predecessor=predecessor)
+        effects = self.life.begin(
+            stream_open=not args.stream.ended, predecessor=self._find_predecessor()
+        )
+        # A restarted owner carries on its dead predecessor's stream home id.
         self.stream_home_id = self.life.stream_home_id
         if self.life.restarted:
             self._deadline = self.wakeupAfter(RECOVERY_DEADLINE_S, _RecoveryDeadline())

@@ -405,8 +405,7 @@ class NotifyLane:
 
     def _publish_saturation(self) -> None:
         # After every drain, flush and result: the sends out only change there.
-        store = self.store
-        self._saturation.update(store.inflight >= store.policy.max_inflight)
+        self._saturation.update(not self.store.slots_free)
 
     def _holds_session(self, note: Notification) -> bool:
         table = self.host.runtime.table(OWNERS_TABLE)
