@@ -56,22 +56,28 @@ from actors.core.owner_lifecycle import (
     STOPPING_DETAILS,
     Announce,
     CloseStream,
-    CountRestart,
     DeleteRow,
     Effect,
     FailCommands,
-    LogGaveUp,
     OwnerLifecycle,
     Phase,
     Predecessor,
     PresentSession,
     RegisterSession,
+    ReportRestart,
     SettleDisconnected,
     Stop,
     Unregister,
     WriteRow,
 )
-from actors.core.owner_recovery import GAVE_UP_LOG, RECOVERY_DEADLINE_S, record_restart
+from actors.core.owner_recovery import (
+    GAVE_UP_LOG,
+    NOT_RECOVERED_LOG,
+    RECOVERED_LOG,
+    RECOVERY_DEADLINE_S,
+    RestartOutcome,
+    record_restart,
+)
 from actors.core.warn_limit import WarnLimiter
 from actors.owner_messages import (
     CommandAnswer,
@@ -306,12 +312,21 @@ class AgentOwner(Process):
                     self._settle(home)
                 case PresentSession():
                     self._present()
-                case CountRestart(outcome=outcome):
+                case ReportRestart(outcome=outcome):
                     metrics = owner_metrics(self.runtime)
                     if metrics is not None:
                         metrics.restarted(outcome)
-                case LogGaveUp():
-                    log.warning(GAVE_UP_LOG, log_text(self.args.agent_id))
+                    self._log_outcome(outcome)
+
+    def _log_outcome(self, outcome: RestartOutcome) -> None:
+        """The restart's one line naming its outcome (docs/owner-recovery.md)."""
+        if outcome == "gave_up":
+            log.warning(GAVE_UP_LOG, log_text(self.args.agent_id))
+        elif outcome == "disconnected_only":
+            log.warning(NOT_RECOVERED_LOG, log_text(self.args.agent_id))
+        elif log.isEnabledFor(logging.INFO):
+            # log_text scans every character: not for a line nobody keeps.
+            log.info(RECOVERED_LOG, log_text(self.args.agent_id))
 
     def _settle(self, stream_home_id: str) -> None:
         """The dead predecessor's DISCONNECTED, answered `DisconnectSettled` once settled."""

@@ -38,13 +38,15 @@ owner's row (`Predecessor`) recovers the session (seed steps 2 to 4; docs/owner-
 
 * it takes the predecessor's stream home id and row (rewritten `recovering`);
 * gave up (the 4th restart within 60 s, actors/core/owner_recovery.py): the DISCONNECTED if
-  owed, the stream closed, one WARN, outcome `gave_up`;
+  owed, the stream closed, outcome `gave_up`;
 * the stream is gone: the DISCONNECTED if owed, outcome `disconnected_only`;
 * else SETTLING: the DISCONNECTED, if owed (a `live` row: the predecessor had announced
   CONNECTED; a `recovering` one had already sent it), and wait for it to settle; READOPTING:
   OwnerUp to the registry; PRESENTING: ProxyRegister with the session id; accepted: CONNECTED
   with the same stream home id, row `live`, phase STREAMING, outcome `recovered`. Any failure,
   the agent going, or the recovery deadline ends the owner (outcome `disconnected_only`).
+
+Every restart reports its outcome exactly once (`ReportRestart`: counted, and its one line).
 
 So a row exists while a DISCONNECTED is owed or while a restarted owner recovers the session.
 """
@@ -72,17 +74,16 @@ __all__ = [
     "TRANSITIONS",
     "Announce",
     "CloseStream",
-    "CountRestart",
     "DeleteRow",
     "Effect",
     "FailCommands",
     "LifecycleError",
-    "LogGaveUp",
     "OwnerLifecycle",
     "Phase",
     "Predecessor",
     "PresentSession",
     "RegisterSession",
+    "ReportRestart",
     "SettleDisconnected",
     "Stop",
     "Unregister",
@@ -189,15 +190,11 @@ class PresentSession:
 
 
 @attrs.frozen
-class CountRestart:
-    """Count this restart's outcome (yuzu_gw_agent_owner_restarts_total)."""
+class ReportRestart:
+    """This restart's outcome, decided: count it (yuzu_gw_agent_owner_restarts_total) and log
+    its one line (actors/core/owner_recovery.py)."""
 
     outcome: RestartOutcome
-
-
-@attrs.frozen
-class LogGaveUp:
-    """Log the one WARN of a crash loop that gives up (with the agent id)."""
 
 
 Effect = (
@@ -211,8 +208,7 @@ Effect = (
     | CloseStream
     | SettleDisconnected
     | PresentSession
-    | CountRestart
-    | LogGaveUp
+    | ReportRestart
 )
 
 
@@ -361,7 +357,7 @@ class OwnerLifecycle:
                 return self._stop(None)  # the agent already went: finish settles
             self.outcome = "gave_up"
             end = CloseStream(_UNAVAILABLE, OWNER_GAVE_UP_DETAILS)
-            return [CountRestart("gave_up"), LogGaveUp(), *self._stop(end)]
+            return [ReportRestart("gave_up"), *self._stop(end)]
         effects: list[Effect] = [WriteRow("recovering")]
         if owed is None:
             # The DISCONNECTED went with an earlier restart: nothing to wait for.
@@ -396,7 +392,7 @@ class OwnerLifecycle:
         return [
             WriteRow("live"),
             Announce(Event.CONNECTED, self.stream_home_id),
-            CountRestart("recovered"),
+            ReportRestart("recovered"),
         ]
 
     def not_presented(self, details: str) -> list[Effect]:
@@ -453,7 +449,7 @@ class OwnerLifecycle:
             return [*effects, FailCommands()]
         if self.restarted and self.outcome is None:
             self.outcome = "disconnected_only"
-            effects.append(CountRestart("disconnected_only"))
+            effects.append(ReportRestart("disconnected_only"))
         if self.owed is not None:
             effects.append(Announce(Event.DISCONNECTED, self.owed))
             self.owed = None

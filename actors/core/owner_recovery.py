@@ -15,6 +15,8 @@ from typing import Final, Literal
 __all__ = [
     "GAVE_UP_LOG",
     "MAX_RESTARTS",
+    "NOT_RECOVERED_LOG",
+    "RECOVERED_LOG",
     "RECOVERY_DEADLINE_S",
     "RESTART_OUTCOMES",
     "RESTART_WINDOW_S",
@@ -39,6 +41,15 @@ RECOVERY_DEADLINE_S: Final = 10.0
 # `gave_up`: the crash loop's limit.
 RestartOutcome = Literal["recovered", "disconnected_only", "gave_up"]
 RESTART_OUTCOMES: tuple[RestartOutcome, ...] = ("recovered", "disconnected_only", "gave_up")
+
+# "Each restart writes the usual crash or supervisor report ... and one line naming the
+# outcome": the give-up's is the seed's WARN above; the other two texts are this rebuild's. Each
+# takes the agent id (never the session id).
+RECOVERED_LOG: Final = "Agent %s: owner process restarted; session recovered on the same stream"
+NOT_RECOVERED_LOG: Final = (
+    "Agent %s: owner process restarted; session not recovered (disconnected_only),"
+    " the agent registers again"
+)
 
 
 def record_restart(history: tuple[float, ...], now: float) -> tuple[tuple[float, ...], bool]:

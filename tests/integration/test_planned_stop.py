@@ -178,8 +178,10 @@ def test_a_register_during_the_stop_is_refused_unavailable(tmp_path: Path) -> No
 
 
 def test_an_owner_restarted_during_the_stop_sends_its_disconnected_and_ends(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="yuzu_gw.agent")
+
     async def body() -> None:
         async with asyncio.timeout(60):
             async with gateway(tmp_path) as (node, fake), fleet(node, fake, 1) as [held]:
@@ -207,6 +209,15 @@ def test_an_owner_restarted_during_the_stop_sends_its_disconnected_and_ends(
                     "yuzu_gw_agent_owner_restarts_total", {"outcome": "disconnected_only"}
                 )
                 assert restarts == 1
+                # The restart's one outcome line names the agent, never the session.
+                lines = [r for r in caplog.records if "owner process restarted" in r.getMessage()]
+                assert [(r.levelname, r.getMessage()) for r in lines] == [
+                    (
+                        "WARNING",
+                        f"Agent {held.agent_id}: owner process restarted; session not recovered"
+                        " (disconnected_only), the agent registers again",
+                    )
+                ]
 
     asyncio.run(body())
 

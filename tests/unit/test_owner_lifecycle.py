@@ -27,7 +27,6 @@ from actors.core.owner_lifecycle import (
     TRANSITIONS,
     Announce,
     CloseStream,
-    CountRestart,
     DeleteRow,
     FailCommands,
     LifecycleError,
@@ -35,6 +34,7 @@ from actors.core.owner_lifecycle import (
     Phase,
     Predecessor,
     RegisterSession,
+    ReportRestart,
     Stop,
     Unregister,
     WriteRow,
@@ -151,7 +151,7 @@ def test_successor_of_a_killed_owner_whose_agent_left_sends_its_disconnected() -
     life = OwnerLifecycle(HOME)
     assert life.begin(stream_open=False, predecessor=Predecessor(OLD, alive=False)) == [Stop()]
     assert life.finish("normal") == [
-        CountRestart("disconnected_only"),
+        ReportRestart("disconnected_only"),
         Announce(Event.DISCONNECTED, OLD),
         DeleteRow(),
         FailCommands(),

@@ -21,16 +21,15 @@ from actors.core.owner_lifecycle import (
     TRANSITIONS,
     Announce,
     CloseStream,
-    CountRestart,
     DeleteRow,
     FailCommands,
     LifecycleError,
-    LogGaveUp,
     OwnerLifecycle,
     Phase,
     Predecessor,
     PresentSession,
     RegisterSession,
+    ReportRestart,
     SettleDisconnected,
     Stop,
     Unregister,
@@ -97,7 +96,7 @@ def test_recovery_settles_registers_presents_then_announces_the_same_home() -> N
     assert life.presented() == [
         WriteRow("live"),
         Announce(Event.CONNECTED, OLD),
-        CountRestart("recovered"),
+        ReportRestart("recovered"),
     ]
     assert life.phase is Phase.STREAMING
     # From here it is an owner like any other: the agent leaving ends it with its DISCONNECTED.
@@ -126,7 +125,7 @@ def test_a_refused_presentation_ends_the_stream_and_counts_disconnected_only() -
     life.registered()
     assert life.not_presented("superseded; register again") == [Stop()]
     assert life.finish("normal") == [
-        CountRestart("disconnected_only"),
+        ReportRestart("disconnected_only"),
         DeleteRow(),
         Unregister(),
         FailCommands(),
@@ -150,8 +149,7 @@ def test_the_recovery_deadline_ends_the_session() -> None:
 def test_giving_up_sends_what_is_owed_closes_the_stream_and_warns_once() -> None:
     life = OwnerLifecycle(MINE)
     assert life.begin(stream_open=True, predecessor=dead(give_up=True)) == [
-        CountRestart("gave_up"),
-        LogGaveUp(),
+        ReportRestart("gave_up"),
         Stop(),
     ]
     assert life.finish("normal") == [
@@ -177,7 +175,7 @@ def test_a_crash_while_recovering_leaves_the_row_to_the_next_restart() -> None:
 def test_a_planned_stop_while_recovering_ends_the_session() -> None:
     life = recovering()
     assert life.finish("shutdown") == [
-        CountRestart("disconnected_only"),
+        ReportRestart("disconnected_only"),
         DeleteRow(),
         FailCommands(),
         CloseStream(UNAVAILABLE, "session owner stopped"),
@@ -269,12 +267,12 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_outcome_per_restart(self) -> None:
-        counts = self._of(CountRestart)
+        counts = self._of(ReportRestart)
         assert len(counts) <= 1
         if self.finish_reason in ("normal", "shutdown"):
             assert len(counts) == 1
         if self.gave_up:
-            assert counts == [CountRestart("gave_up")] and self._of(LogGaveUp) == [LogGaveUp()]
+            assert counts == [ReportRestart("gave_up")]
 
     @invariant()
     def stream_left_or_closed_once(self) -> None:
