@@ -41,7 +41,7 @@ from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Pr
 from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
 from gateway.cluster.metrics import cluster_metrics
 from gateway.cluster.peers import CLUSTER_NAME, LINKS_TABLE, connected_links
-from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, parse_seed
+from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
 from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
 from gateway.config.keys.cluster import (
     CLUSTER_MAX_LIFETIME_ADDRS,
@@ -98,12 +98,23 @@ class Cluster(Process):
         ctx = args
         config = ctx.config
         self.ctx = ctx
-        self.host = ctx.node.name.split("@", 1)[1]
+        node = ctx.node
+        self.host = node.name.split("@", 1)[1]
         self.port = config[CLUSTER_PORT]
-        default_port = self.port or DEFAULT_CLUSTER_PORT
-        self.seeds = tuple(parse_seed(entry, default_port) for entry in config[CLUSTER_SEED_NODES])
+        # Port 0 (tests) is a free port no peer can be told: a host's ports are then unknown.
+        ports = (
+            host_ports(self.port, node.index, node.host_nodes)
+            if self.port
+            else (DEFAULT_CLUSTER_PORT,)
+        )
+        self.host_ports = ports
+        self.seeds = tuple(
+            addr for entry in config[CLUSTER_SEED_NODES] for addr in expand_seed(entry, ports)
+        )
+        # The other nodes of this host are peers whatever the discovery finds: the release
+        # started them, and the shared management port can hand an operator to any of them.
+        self.siblings = tuple(PeerAddr(self.host, p) for p in ports if self.port and p != self.port)
         self.dns_name = config[CLUSTER_SEED_DNS_NAME]
-        self.default_port = default_port
         interval_s = config[CLUSTER_REDIAL_INTERVAL_MS] / 1000
         self.interval_s = interval_s
         self.membership = Membership(interval_s, config[CLUSTER_MAX_LIFETIME_ADDRS])
@@ -219,8 +230,11 @@ class Cluster(Process):
         return min(DIAL_TIMEOUT_S, self.interval_s)
 
     async def _resolve(self) -> list[PeerAddr]:
-        if self.seeds:
-            return list(self.seeds)
+        found = list(self.seeds) if self.seeds else await self._dns_peers()
+        return list(dict.fromkeys((*self.siblings, *found)))
+
+    async def _dns_peers(self) -> list[PeerAddr]:
+        """The seed name's A records, each a host running nodes on this host's ports."""
         try:
             async with asyncio.timeout(self.interval_s):
                 infos = await self.loop.getaddrinfo(
@@ -228,7 +242,8 @@ class Cluster(Process):
                 )
         except (OSError, TimeoutError, UnicodeError):
             return []
-        return [PeerAddr(str(info[4][0]), self.default_port) for info in infos]
+        hosts = dict.fromkeys(str(info[4][0]) for info in infos)
+        return [PeerAddr(host, port) for host in hosts for port in self.host_ports]
 
     def _worker_done(self, tag: Any, done: WorkerDone) -> None:
         error = done.error

@@ -1,15 +1,17 @@
 """Peer addresses: a seed entry is `host` or `host:port` (an IPv4 address or a host name).
 
-An entry without a port takes the node's `cluster_port`, so one address names one node per host
-in the common case, and an entry with a port names one of several nodes of a host. The config
-key (gateway/config/keys/cluster.py) checks the host; this module imports nothing of the
+An entry with a port names one node. An entry without one, like an A record of the seed name,
+names a host, and a host runs its nodes on consecutive cluster ports (`rel/yuzu_gw start
+--nodes N`: node k on the configured port + k - 1), so it names every node of it: the ports of
+this node's own host stand for theirs (`host_ports`), one port when a host runs one node. The
+config key (gateway/config/keys/cluster.py) checks the host; this module imports nothing of the
 config, so the key can use it."""
 
 from __future__ import annotations
 
 import attrs
 
-__all__ = ["DEFAULT_CLUSTER_PORT", "PeerAddr", "parse_seed"]
+__all__ = ["DEFAULT_CLUSTER_PORT", "PeerAddr", "expand_seed", "host_ports", "parse_seed"]
 
 # Seed, "Distribution Cookie": the distribution listener range starts at TCP 9100.
 DEFAULT_CLUSTER_PORT = 9100
@@ -34,3 +36,19 @@ def parse_seed(entry: str, default_port: int) -> PeerAddr:
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(entry)
     return PeerAddr(host, int(port_text))
+
+
+def host_ports(port: int, index: int, count: int) -> tuple[int, ...]:
+    """The cluster ports of every node of a host running `count` nodes, from node `index`'s own
+    `port` (gateway/release/plan.py offsets node k's by k - 1)."""
+    first = port - (index - 1)
+    return tuple(range(first, first + count))
+
+
+def expand_seed(entry: str, ports: tuple[int, ...]) -> list[PeerAddr]:
+    """The peers a seed entry names: `host:port` one node, `host` a node on each of `ports`.
+    ValueError as `parse_seed`."""
+    addr = parse_seed(entry, ports[0])
+    if ":" in entry:
+        return [addr]
+    return [PeerAddr(addr.host, port) for port in ports]

@@ -69,6 +69,9 @@ class NodeArgs:
     path: str
     # The -name line is `short@${YUZU_GW_ADVERTISE_ADDR}`: its host is the advertise address.
     advertise: bool = False
+    # Node `index` of the `host_nodes` the release runs on this host (gateway/release/plan.py).
+    index: int = 1
+    host_nodes: int = 1
 
     @property
     def short_name(self) -> str:

@@ -1,14 +1,15 @@
 """From the configuration and a node index to one node of a multi-node host: its name, its
 own ports and the environment the release supervisor starts it with.
 
-The release supervisor starts node k of N >= 2 with `YUZU_GW_NODE_INDEX=k` and
-`YUZU_GW_REUSEPORT=1`. Boot (`gateway.boot.prepare`) applies `apply_env` to what it loaded,
-and the supervisor's `nodes.json` comes from `plan`, which calls the same `for_index`: the
-node and the record cannot disagree. With one node neither variable is set and nothing here
-changes anything.
+The release supervisor starts node k of N >= 2 with `YUZU_GW_NODE_INDEX=k`,
+`YUZU_GW_NODE_COUNT=N` and `YUZU_GW_REUSEPORT=1`. Boot (`gateway.boot.prepare`) applies
+`apply_env` to what it loaded, and the supervisor's `nodes.json` comes from `plan`, which calls
+the same `for_index`: the node and the record cannot disagree. With one node none of the
+variables is set and nothing here changes anything.
 
 Node k is named `<short>-k@<host>` (sent upstream as `gateway_node`) and holds the health,
-metrics and cluster ports configured plus k-1; the listener ports are shared, not offset.
+metrics and cluster ports configured plus k-1; the listener ports are shared, not offset. It
+knows N too, so it can tell the cluster ports of its host's other nodes (actors/cluster.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.listeners.server import REUSEPORT_VAR
 from gateway.refusal import BootRefused
 
 NODE_INDEX_VAR = "YUZU_GW_NODE_INDEX"
+NODE_COUNT_VAR = "YUZU_GW_NODE_COUNT"
 # The clients' "which node's files" variable (gateway/console_paths.py): never a node's own.
 CLIENT_NAME_VAR = "YUZU_GW_NODE_NAME"
 INVALID_NODE_INDEX = "invalid_node_index"
@@ -75,8 +77,8 @@ def offset_port(port: int, index: int) -> int:
     return shifted
 
 
-def for_index(config: Config, node: NodeArgs, index: int) -> tuple[Config, NodeArgs]:
-    """Node `index`'s configuration and identity, from the host's."""
+def for_index(config: Config, node: NodeArgs, index: int, count: int) -> tuple[Config, NodeArgs]:
+    """Node `index` of `count`: its configuration and identity, from the host's."""
     for key in PER_NODE_PORTS:
         try:
             port = offset_port(config[key], index)
@@ -85,22 +87,32 @@ def for_index(config: Config, node: NodeArgs, index: int) -> tuple[Config, NodeA
         config = config.with_value(key, port, Source.ENV)
     name = indexed_name(node.name, index)
     source = f"{node.name_source}, node {index} ({NODE_INDEX_VAR})"
-    return config, attrs.evolve(node, name=name, name_source=source)
+    evolved = attrs.evolve(node, name=name, name_source=source, index=index, host_nodes=count)
+    return config, evolved
 
 
-def index_from_env(env: Mapping[str, str]) -> int | None:
-    text = env.get(NODE_INDEX_VAR)
-    if not text:
-        return None
-    if not text.isdecimal() or not 1 <= int(text) <= MAX_NODES:
-        raise BootRefused(INVALID_NODE_INDEX, f"{NODE_INDEX_VAR} must be 1..{MAX_NODES}")
+def _number(env: Mapping[str, str], var: str, low: int) -> int:
+    text = env.get(var, "")
+    if not text.isdecimal() or not low <= int(text) <= MAX_NODES:
+        raise BootRefused(INVALID_NODE_INDEX, f"{var} must be {low}..{MAX_NODES}")
     return int(text)
+
+
+def index_from_env(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(k, N) from `YUZU_GW_NODE_INDEX` and `YUZU_GW_NODE_COUNT`; None without an index. A node
+    started by hand with an index and no count takes N = k (nodes 1..k are all it can know)."""
+    if not env.get(NODE_INDEX_VAR):
+        return None
+    index = _number(env, NODE_INDEX_VAR, 1)
+    if not env.get(NODE_COUNT_VAR):
+        return index, index
+    return index, _number(env, NODE_COUNT_VAR, index)
 
 
 def apply_env(config: Config, node: NodeArgs, env: Mapping[str, str]) -> tuple[Config, NodeArgs]:
     """What boot does: node k's name and ports when `YUZU_GW_NODE_INDEX` says k."""
-    index = index_from_env(env)
-    return (config, node) if index is None else for_index(config, node, index)
+    found = index_from_env(env)
+    return (config, node) if found is None else for_index(config, node, *found)
 
 
 @attrs.frozen
@@ -122,7 +134,7 @@ def plan(config: Config, node: NodeArgs, count: int) -> tuple[NodePlan, ...]:
     """The `count` nodes of a host. Raises BootRefused when a port would pass 65535."""
     plans = []
     for index in range(1, count + 1):
-        own, identity = for_index(config, node, index)
+        own, identity = for_index(config, node, index, count)
         ports = (own[HEALTH_PORT], own[PROMETHEUS_PORT], own[CLUSTER_PORT])
         plans.append(NodePlan(index, identity.name, *ports))
     return tuple(plans)
@@ -138,10 +150,11 @@ def pin_advertise(env: Mapping[str, str], node: NodeArgs) -> dict[str, str]:
     return {**env, ADVERTISE_VAR: node.name.partition("@")[2]}
 
 
-def node_env(env: Mapping[str, str], index: int) -> dict[str, str]:
-    """The environment node `index` starts with: the supervisor's, plus its index and the
-    shared listener ports."""
+def node_env(env: Mapping[str, str], index: int, count: int) -> dict[str, str]:
+    """The environment node `index` of `count` starts with: the supervisor's, plus its index,
+    the count and the shared listener ports."""
     child = {k: v for k, v in env.items() if k != CLIENT_NAME_VAR}
     child[NODE_INDEX_VAR] = str(index)
+    child[NODE_COUNT_VAR] = str(count)
     child[REUSEPORT_VAR] = "1"
     return child

@@ -215,7 +215,7 @@ class ReleaseSupervisor:
                 self.python,
                 "-m",
                 "gateway",
-                env=node_env(self.env, plan.index),
+                env=node_env(self.env, plan.index, len(self.plans)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=output,
                 stderr=asyncio.subprocess.STDOUT if output is not None else None,

@@ -33,6 +33,8 @@ import pytest
 from gateway.console_paths import alive
 from gateway.devstack.fake_upstream import FakeUpstream
 from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2 as mgmt_pb2
+from tests.integration.test_management_plane import operator
 from tests.support.node import http_get
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -52,7 +54,7 @@ CONFIG = """\
     {{telemetry_gauge_interval_ms, 1000}},
     {{shutdown_flush_budget_ms, 2000}},
     {{cluster_seed_nodes, [{seed_terms}]}},
-    {{cluster_seed_dns_name, <<"localhost">>}},
+    {{cluster_seed_dns_name, <<"{dns_name}">>}},
     {{cluster_redial_interval_ms, {redial_ms}}},
     {{cluster_port, {cluster}}},
     {{upstream_client, #{{channels => [{{default_channel,
@@ -76,7 +78,7 @@ REDIAL_MS = 5000
 @attrs.frozen(kw_only=True)
 class NodeConfig:
     """A node's config file: its listeners on `host`, its peers `seeds` (none: the seed name,
-    localhost), its cluster port (0: a free one)."""
+    `dns_name`), its cluster port (0: a free one)."""
 
     health: int
     metrics: int
@@ -87,6 +89,7 @@ class NodeConfig:
     seeds: Sequence[str] = ()
     cluster: int = 0
     redial_ms: int = REDIAL_MS
+    dns_name: str = "localhost"
 
     def text(self) -> str:
         terms = ", ".join(f'<<"{seed}">>' for seed in self.seeds)
@@ -157,12 +160,16 @@ class Release:
         own = [p + k for p in (self.health_port, self.metrics_port) for k in range(self.nodes)]
         return [self.agent_port, self.mgmt_port, *own]
 
-    async def agents_current(self, index: int) -> int:
+    async def gauge(self, index: int, name: str) -> int:
+        """Node `index`'s unlabelled gauge `name`, from its /metrics."""
         status, body = await http_get(self.metrics_port + index - 1, "/metrics")
         assert status == 200
-        match = re.search(r"^yuzu_gw_agents_current (\S+)$", body.decode(), re.MULTILINE)
+        match = re.search(rf"^{name} (\S+)$", body.decode(), re.MULTILINE)
         assert match is not None
         return int(float(match.group(1)))
+
+    async def agents_current(self, index: int) -> int:
+        return await self.gauge(index, "yuzu_gw_agents_current")
 
     def pids(self) -> list[int]:
         with contextlib.suppress(OSError, ValueError):
@@ -180,14 +187,22 @@ class Release:
 
 
 @contextlib.asynccontextmanager
-async def release(tmp_path: Path, nodes: int) -> AsyncIterator[tuple[Release, FakeUpstream]]:
+async def release(
+    tmp_path: Path, nodes: int, **cluster: Any
+) -> AsyncIterator[tuple[Release, FakeUpstream]]:
+    """`cluster`: NodeConfig's cluster fields (`cluster`, `dns_name`, `seeds`, `redial_ms`)."""
     async with FakeUpstream() as fake:
         health, metrics = free_ports(nodes), free_ports(nodes)
         agent, mgmt = free_ports(1), free_ports(1)
         config = tmp_path / "multinode.config"
         config.write_text(
             NodeConfig(
-                health=health, metrics=metrics, upstream=fake.port, agent=agent, mgmt=mgmt
+                health=health,
+                metrics=metrics,
+                upstream=fake.port,
+                agent=agent,
+                mgmt=mgmt,
+                **cluster,
             ).text()
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
@@ -403,6 +418,40 @@ def test_three_nodes_spread_agents_and_stop_together(tmp_path: Path) -> None:
             assert after.returncode == 1
             ping = await rel.run("ping", "--node", "2")
             assert ping.returncode == 1 and "only node 1" in ping.stderr
+
+    asyncio.run(asyncio.wait_for(body(), 200))
+
+
+def test_the_nodes_of_a_host_form_one_cluster_with_no_seed_that_resolves(tmp_path: Path) -> None:
+    """No seed list and a seed name that resolves nothing, as on a host where nobody configured
+    the cluster: the nodes still link to each other (the release told each its host's node
+    count), so an operator on the shared management port reaches every node's agents."""
+
+    async def body() -> None:
+        cluster = free_ports(2)
+        nowhere = "yuzu-gw-test-no-such-name.invalid"
+        async with release(tmp_path, 2, cluster=cluster, dns_name=nowhere) as (rel, fake):
+            await started(rel)
+            assert [n["cluster_port"] for n in rel.record()["nodes"]] == [cluster, cluster + 1]
+
+            async def linked() -> bool:
+                peers = [await rel.gauge(k, "yuzu_gw_cluster_peers_connected") for k in (1, 2)]
+                return peers == [1, 1]
+
+            await until(linked, "each node linked to the other")
+            async with connected(rel, 12) as agents:
+                await check_spread_and_admission(rel, fake, agents)
+                ids = sorted(a.agent_id for a in agents)
+                # Each fresh connection lands on either node: every one lists every agent.
+                for _ in range(4):
+                    async with operator(f"{HOST}:{rel.mgmt_port}") as op:
+                        page = await op.unary(
+                            "ListAgents",
+                            mgmt_pb2.ListAgentsRequest(limit=100),
+                            mgmt_pb2.ListAgentsResponse,
+                        )
+                    assert [s.agent_id for s in page.agents] == ids
+            await stopped(rel)
 
     asyncio.run(asyncio.wait_for(body(), 200))
 

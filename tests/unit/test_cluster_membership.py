@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gateway.cluster.membership import Dial, Membership, Probe, Resolve
-from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, parse_seed
+from gateway.cluster.seeds import (
+    DEFAULT_CLUSTER_PORT,
+    PeerAddr,
+    expand_seed,
+    host_ports,
+    parse_seed,
+)
 from gateway.config.converters import BadValue
 from gateway.config.keys.cluster import SeedList
 
@@ -36,10 +42,28 @@ def test_a_seed_entry_may_carry_a_port(entry: str, addr: PeerAddr) -> None:
     assert parse_seed(entry, 9100) == addr
 
 
+@given(st.integers(1, 64), st.data())
+def test_a_hosts_ports_run_on_from_the_first_nodes(count: int, data: st.DataObject) -> None:
+    index = data.draw(st.integers(1, count))
+    # Node `index` holds the configured port (9100) + index - 1 (gateway/release/plan.py).
+    ports = host_ports(9100 + index - 1, index, count)
+    assert ports == tuple(range(9100, 9100 + count))
+    assert host_ports(9100, 1, 1) == (9100,)
+
+
+def test_a_seed_without_a_port_names_every_node_of_its_host() -> None:
+    ports = (9100, 9101, 9102)
+    assert expand_seed("10.0.0.7", ports) == [PeerAddr("10.0.0.7", p) for p in ports]
+    assert expand_seed("gw-2.example", (9100,)) == [PeerAddr("gw-2.example", 9100)]
+    assert expand_seed("10.0.0.7:9205", ports) == [PeerAddr("10.0.0.7", 9205)]
+
+
 @pytest.mark.parametrize("entry", ["", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:65536", ":9", "h:x"])
 def test_a_bad_seed_entry_is_refused(entry: str) -> None:
     with pytest.raises(ValueError):
         parse_seed(entry, 9100)
+    with pytest.raises(ValueError):
+        expand_seed(entry, (9100, 9101))
     with pytest.raises(BadValue):
         SeedList()([entry])
 

@@ -18,6 +18,7 @@ from gateway.refusal import BootRefused
 from gateway.release import plan as release_plan
 from gateway.release.plan import (
     MAX_NODES,
+    NODE_COUNT_VAR,
     NODE_INDEX_VAR,
     NodePlan,
     indexed_name,
@@ -64,8 +65,8 @@ def test_a_bad_node_count_is_refused(text: str) -> None:
 
 def test_each_node_gets_its_index_and_shared_ports_but_never_the_clients_name() -> None:
     base = {"YUZU_GW_COOKIE": "c" * 64, "YUZU_GW_NODE_NAME": "yuzu_gw", "PATH": "/bin"}
-    env = node_env(base, 2)
-    assert env[NODE_INDEX_VAR] == "2" and env[REUSEPORT_VAR] == "1"
+    env = node_env(base, 2, 3)
+    assert env[NODE_INDEX_VAR] == "2" and env[NODE_COUNT_VAR] == "3" and env[REUSEPORT_VAR] == "1"
     assert "YUZU_GW_NODE_NAME" not in env
     assert env["YUZU_GW_COOKIE"] == base["YUZU_GW_COOKIE"] and env["PATH"] == "/bin"
     assert base["YUZU_GW_NODE_NAME"] == "yuzu_gw"  # the supervisor's own is untouched
@@ -87,8 +88,9 @@ def test_the_plan_and_the_booted_node_agree(tmp_path: Path) -> None:
         NodePlan(3, "yuzu_gw-3@127.0.0.1", 8083, 9570, 9102),
     )
     for node_plan in plans:
-        ctx = prepare({**env, NODE_INDEX_VAR: str(node_plan.index)})
+        ctx = prepare({**env, **node_env({}, node_plan.index, 3)})
         assert ctx.node.name == node_plan.name
+        assert (ctx.node.index, ctx.node.host_nodes) == (node_plan.index, 3)
         assert ctx.node.short_name == node_plan.short_name
         assert ctx.config[HEALTH_PORT] == node_plan.health_port
         assert ctx.config[PROMETHEUS_PORT] == node_plan.prometheus_port
@@ -99,6 +101,7 @@ def test_the_plan_and_the_booted_node_agree(tmp_path: Path) -> None:
 def test_without_an_index_boot_is_unchanged(tmp_path: Path) -> None:
     ctx = prepare(support_env(tmp_path, _config(tmp_path)))
     assert ctx.node.name == "yuzu_gw@127.0.0.1"
+    assert (ctx.node.index, ctx.node.host_nodes) == (1, 1)
     assert (ctx.config[HEALTH_PORT], ctx.config[PROMETHEUS_PORT]) == (8081, 9568)
     assert ctx.config[CLUSTER_PORT] == 9100
 
@@ -106,6 +109,19 @@ def test_without_an_index_boot_is_unchanged(tmp_path: Path) -> None:
 @pytest.mark.parametrize("index", ["0", "x", "-2", str(MAX_NODES + 1)])
 def test_a_bad_index_refuses_boot(tmp_path: Path, index: str) -> None:
     env = {**support_env(tmp_path, _config(tmp_path)), NODE_INDEX_VAR: index}
+    with pytest.raises(BootRefused) as refused:
+        prepare(env)
+    assert refused.value.defect == "invalid_node_index"
+
+
+def test_an_index_without_a_count_names_the_nodes_up_to_it(tmp_path: Path) -> None:
+    ctx = prepare({**support_env(tmp_path, _config(tmp_path)), NODE_INDEX_VAR: "2"})
+    assert (ctx.node.index, ctx.node.host_nodes) == (2, 2)
+
+
+@pytest.mark.parametrize("count", ["1", "x", "0", str(MAX_NODES + 1)])
+def test_a_count_below_the_index_or_out_of_range_refuses_boot(tmp_path: Path, count: str) -> None:
+    env = {**support_env(tmp_path, _config(tmp_path)), NODE_INDEX_VAR: "2", NODE_COUNT_VAR: count}
     with pytest.raises(BootRefused) as refused:
         prepare(env)
     assert refused.value.defect == "invalid_node_index"
