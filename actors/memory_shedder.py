@@ -168,6 +168,8 @@ class MemoryShedder(Process):
             if plan.limit is None
             else f"{plan.limit.limit_bytes} bytes ({plan.limit.source})"
         )
+        if plan.nodes > 1:
+            limit += f", shared by {plan.nodes} nodes"
         log.info(
             "gateway memory shedding: memory limit %s; high-water mark %s, low-water mark %s;"
             " sampling RssAnon every %d ms; agent listener(s): %s%s",

@@ -9,7 +9,8 @@ variables is set and nothing here changes anything.
 
 Node k is named `<short>-k@<host>` (sent upstream as `gateway_node`) and holds the health,
 metrics and cluster ports configured plus k-1; the listener ports are shared, not offset. It
-knows N too, so it can tell the cluster ports of its host's other nodes (actors/cluster.py).
+knows N too, so it can tell the cluster ports of its host's other nodes (actors/cluster.py),
+and its memory shedder takes fractional marks of its 1/N share of the memory limit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.cluster.advertise import ADVERTISE_VAR
 from gateway.config import Config
 from gateway.config.keys.cluster import CLUSTER_PORT
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
+from gateway.config.keys.shedder import MEMORY_SHEDDING, shared_by
 from gateway.config.schema import Key, Source
 from gateway.config.vm_args import NodeArgs
 from gateway.listeners.server import REUSEPORT_VAR
@@ -85,6 +87,8 @@ def for_index(config: Config, node: NodeArgs, index: int, count: int) -> tuple[C
         except ValueError as exc:
             raise BootRefused(INVALID_NODE_INDEX, f"node {index}: {key.name}: {exc}") from None
         config = config.with_value(key, port, Source.ENV)
+    shedding = shared_by(config[MEMORY_SHEDDING], count)
+    config = config.with_value(MEMORY_SHEDDING, shedding, config.source_of(MEMORY_SHEDDING))
     name = indexed_name(node.name, index)
     source = f"{node.name_source}, node {index} ({NODE_INDEX_VAR})"
     evolved = attrs.evolve(node, name=name, name_source=source, index=index, host_nodes=count)

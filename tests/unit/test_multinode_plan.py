@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gateway.boot import prepare
 from gateway.config.keys.cluster import CLUSTER_PORT
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
+from gateway.config.keys.shedder import MEMORY_SHEDDING
 from gateway.config.schema import Source
 from gateway.listeners.server import REUSEPORT_VAR
 from gateway.refusal import BootRefused
@@ -96,6 +97,18 @@ def test_the_plan_and_the_booted_node_agree(tmp_path: Path) -> None:
         assert ctx.config[PROMETHEUS_PORT] == node_plan.prometheus_port
         assert ctx.config[CLUSTER_PORT] == node_plan.cluster_port
         assert ctx.config.source_of(HEALTH_PORT) is Source.ENV
+
+
+def test_each_node_sheds_at_its_share_of_the_memory_limit(tmp_path: Path) -> None:
+    env = support_env(tmp_path, _config(tmp_path))
+    whole = prepare(env).config[MEMORY_SHEDDING].plan
+    node = prepare({**env, **node_env({}, 2, 4)}).config[MEMORY_SHEDDING].plan
+    assert whole is not None and node is not None and whole.limit is not None
+    assert whole.marks is not None and node.marks is not None
+    assert (whole.nodes, node.nodes, node.limit) == (1, 4, whole.limit)
+    share = whole.limit.limit_bytes // 4
+    assert node.marks.high.bytes == int(0.75 * share)
+    assert node.marks.low.bytes == int(0.65 * share)
 
 
 def test_without_an_index_boot_is_unchanged(tmp_path: Path) -> None:

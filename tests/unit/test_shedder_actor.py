@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from actors.memory_shedder import NAME, READINESS_CHECK, MemoryShedder, agent_listeners
 from gateway import memory_reader
 from gateway.config.keys import SCHEMA
-from gateway.config.keys.shedder import MEMORY_SHEDDING, SheddingPlan
+from gateway.config.keys.shedder import MEMORY_SHEDDING, SheddingPlan, shared_by
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
@@ -143,6 +143,32 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def ready(ctx: NodeContext) -> bool:
     return ctx.readiness.evaluate()[READINESS_CHECK]
+
+
+@actor_test
+async def test_a_node_of_a_multi_node_host_names_the_share_its_marks_are_of(
+    h: Harness, tmp_path: Path, memory: Memory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    listener(h, Script("agent"))
+    listener(h, Script("mgmt"))
+    whole = context(tmp_path, shedding="")
+    settings = shared_by(whole.config[MEMORY_SHEDDING], 2)
+    config = whole.config.with_value(
+        MEMORY_SHEDDING, settings, whole.config.source_of(MEMORY_SHEDDING)
+    )
+    ctx = NodeContext(config, whole.node, tmp_path, CollectorRegistry())
+    h.create(MemoryShedder, ctx, NAME)
+    assert settings.plan is not None and settings.plan.limit is not None
+    limit = settings.plan.limit
+    share = limit.limit_bytes // 2
+    [line] = lines(caplog)
+    assert line.startswith(
+        f"gateway memory shedding: memory limit {limit.limit_bytes} bytes ({limit.source}),"
+        f" shared by 2 nodes; high-water mark high_water_fraction 0.75 of the limit"
+        f" = {int(0.75 * share)} bytes"
+    ), line
+    assert metric(ctx, "yuzu_gw_memory_shedding_high_water_bytes") == int(0.75 * share)
 
 
 def test_only_agent_listeners_that_do_not_serve_management_are_shed() -> None:

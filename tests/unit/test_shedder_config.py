@@ -18,6 +18,7 @@ from gateway.config.keys.shedder import (
     MemReclaim,
     SheddingPlan,
     resolve_memory_shedding,
+    shared_by,
 )
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
@@ -58,6 +59,21 @@ def refused(text: str, read: object = HOST_16) -> BootRefused:
 
 
 # -- memory_shedding ------------------------------------------------------------------------------
+
+
+def test_nodes_sharing_a_host_take_fractions_of_their_share_and_bytes_as_written() -> None:
+    # Four nodes of one host (rel/yuzu_gw start --nodes 4) share the 16 GiB: each sheds at
+    # 0.75 of 4 GiB, so all four at their high marks stay under the limit.
+    shared = shared_by(checked("")[MEMORY_SHEDDING], 4)
+    assert shared.plan is not None and shared.plan.marks is not None
+    assert shared.plan.nodes == 4 and shared.plan.limit == MemoryLimit(16 * GIB, "host")
+    assert shared.plan.marks.high.bytes == 3 * GIB
+    assert shared.plan.marks.low.bytes == int(0.65 * 4 * GIB)
+    # A byte mark is per node already: nothing moves. One node: nothing moves either.
+    written = checked("{memory_shedding, #{high_water_bytes => 2000000000}}")[MEMORY_SHEDDING]
+    assert shared_by(written, 4) == written
+    alone = checked("")[MEMORY_SHEDDING]
+    assert shared_by(alone, 1) == alone
 
 
 def test_defaults_resolve_to_fractions_of_the_limit() -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "SheddingPlan",
     "plan_of",
     "resolve_memory_shedding",
+    "shared_by",
 ]
 
 AREA = "memory"
@@ -67,10 +68,12 @@ _INTERVAL_MS = IntRange(10, 60_000)
 @attrs.frozen
 class SheddingPlan:
     """What the boot check resolved: the limit it read (None: none readable) and the marks
-    (None: a mark is a fraction of that unknown limit, so the shedder runs inactive)."""
+    (None: a mark is a fraction of that unknown limit, so the shedder runs inactive). `nodes`:
+    the nodes of a host that share the limit, whose fractions are of 1/`nodes` of it."""
 
     limit: MemoryLimit | None
     marks: Marks | None
+    nodes: int = 1
 
 
 @attrs.frozen
@@ -192,6 +195,24 @@ def plan_of(
     except MarksRefused as refused:
         raise _refuse(refused.detail) from None
     return SheddingPlan(limit, marks)
+
+
+def shared_by(settings: MemoryShedding, nodes: int) -> MemoryShedding:
+    """Node k of `nodes` on one host (gateway/release/plan.py): all of them share the limit the
+    boot check read, and each compares only its own memory with its marks, so marks that are
+    both fractions are taken of the node's share, limit / `nodes`, and N nodes at their high
+    marks stay under the limit as one node does. A byte mark is the operator's, per node, and
+    stands as written. Raises `BootRefused` as the boot check does."""
+    plan, marks = settings.plan, settings.marks
+    per_node_bytes = marks.high_water_bytes is not None or marks.low_water_bytes is not None
+    if nodes < 2 or plan is None or plan.limit is None or per_node_bytes:
+        return settings
+    share = plan.limit.limit_bytes // nodes
+    try:
+        resolved = resolve_marks(marks, share, f"{plan.limit.source}, 1/{nodes} a node")
+    except MarksRefused as refused:
+        raise _refuse(refused.detail) from None
+    return attrs.evolve(settings, plan=attrs.evolve(plan, marks=resolved, nodes=nodes))
 
 
 # -- mem_reclaim ----------------------------------------------------------------------------------
