@@ -757,7 +757,8 @@ class NotifyStore:
         self.mode = Mode.STOPPED
         self._observe(now)
         line = FLUSH_DONE.format(sent=self._flush_sent, left=left)
-        effects.append(LogLine("warning", line))
+        # The WARN names what is left; a stop that sent everything has nothing to warn of.
+        effects.append(LogLine("warning" if left else "info", line))
         return FlushReport(sent=self._flush_sent, left=left, effects=tuple(effects))
 
     # -- internals: the queue ----------------------------------------------------------------
