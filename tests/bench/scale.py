@@ -1,10 +1,12 @@
 """Benchmark of multi-node scaling as cost: `python -m tests.bench.scale [--agents N] [--repeat R]
 [--json]`.
 
-Workload (issue 9, section 4). The same configuration runs twice under the release supervisor
-(`tests.bench.scale_release`): one node, then two nodes sharing the agent and management ports
-(SO_REUSEPORT) and seeded as one cluster. The fake server runs in this process and records, from
-each CONNECTED NotifyStreamStatus, which node (`gateway_node`) holds which agent. On each:
+Workload (issue 9, section 4). The same configuration runs three times under the release
+supervisor (`tests.bench.scale_release`): one node; two nodes sharing the agent and management
+ports (SO_REUSEPORT) and seeded as one cluster; and, as the control, the same two nodes NOT
+clustered (no seed list, a seed name that cannot resolve, no configured cluster port: each
+serves alone). The fake server runs in this process and records, from each CONNECTED
+NotifyStreamStatus, which node (`gateway_node`) holds which agent. On each:
 
 - heartbeats: N agents register and subscribe (the kernel spreads their connections over the
   nodes), then each sends one Heartbeat every `--heartbeat-interval-s` (0.5 s; the load
@@ -15,22 +17,34 @@ each CONNECTED NotifyStreamStatus, which node (`gateway_node`) holds which agent
 - commands: N agents in the load generators of `tests.bench.fanout` answer every command at once;
   an operator on the shared management port, on a connection the kernel gave node 1 (found from
   each node's management listener, read on its console), sends `--broadcasts` broadcasts: the
-  gateway CPU per SUCCESS answer. With two nodes it then sends `--commands` single-target
-  commands one at a time, alternating between agents node 1 holds and agents node 2 holds: the
-  round trip p50 of each kind, and each node's CPU per command of each kind (its threads' run
-  time read around every command, summed per kind, less the node's idle rate over the same time).
+  gateway CPU per SUCCESS answer. Unclustered, a node reaches only its own agents, so the
+  operator holds a connection on each node and sends each broadcast on both at once. With two
+  clustered nodes it then sends `--commands` single-target commands one at a time, alternating
+  between agents node 1 holds and agents node 2 holds: the round trip p50 of each kind, and each
+  node's CPU per command of each kind (its threads' run time read around every command, summed
+  per kind, less the node's idle rate over the same time). Unclustered, half as many, all to
+  agents node 1 holds (the local path's control).
 
 On a 2-core machine the load generators and the fake server share the cores with the nodes, so
 scaling is measured as cost, not speed. Each CPU figure has the nodes' idle CPU rate, read just
 before over `IDLE_S`, taken off (their timers: loop monitor, telemetry, cluster probes).
 
-One pair of phases (one node, then two) is a round; `--repeat` rounds (default 3) run one after
-the other and each figure is the median over them (a ratio: of the rounds' ratios, so a load
-spike that slows a round's two phases alike cancels within it), with each round under `rounds`.
+The control splits the two-node ratio in two: 2 / 1 = (2 unclustered / 1) x (2 / 2 unclustered),
+exactly within a round. The first factor is the host's (two busy processes on two cores instead
+of one: more wake-ups and context switches, colder caches, fewer events per loop turn); the
+second is the cluster's own cost on the same two processes.
+
+The three phases are a round; `--repeat` rounds (default 3) run one after the other and each
+figure is the median over them (a ratio: of the rounds' ratios, so a load spike that slows a
+round's phases alike cancels within it), with each round under `rounds`. Within a round the
+clustered phase runs in the middle, next to both phases it is compared with, and every other
+round runs backwards (1, 2, 2u; then 2u, 2, 1): a steady drift of the host's load then pushes
+each ratio one way in one round and the other way in the next, not always the same way.
 
 Targets: CPU per heartbeat and per broadcast answer with two nodes within 1.15x of one node (no
 cross-node overhead on local work); a command to an agent on the other node within 1.5x of a
-local one's round trip (p50).
+local one's round trip (p50). The control's ratios have no target: they say how much of the
+first is the host's and how much the cluster's.
 """
 
 from __future__ import annotations
@@ -38,14 +52,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import math
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +81,7 @@ from tests.bench.fanout import (
     load_generators,
 )
 from tests.bench.heartbeats import LoadGenerators, Workload
-from tests.bench.scale_release import Release, release
+from tests.bench.scale_release import Node, Release, release
 
 NAME = "scale"
 
@@ -78,8 +91,8 @@ DEFAULT_WARMUP_S = 3.0
 DEFAULT_WINDOW_S = 15.0
 DEFAULT_COMMANDS = 400
 DEFAULT_BROADCASTS = 20
-# One pair of phases is one noisy sample on a shared 2-core host (a ratio moved 1.1 to 1.5
-# between runs): the figures are medians over this many pairs, each pair run back to back.
+# One round of phases is one noisy sample on a shared 2-core host (a ratio moved 1.1 to 1.5
+# between runs): the figures are medians over this many rounds, each run back to back.
 DEFAULT_REPEAT = 3
 # Paced: 300 agents every 0.5 s offer 600 heartbeats a second, under one node's ceiling on this
 # machine (about 1,300/s back to back with the load generators on the same cores). 0: back to back.
@@ -88,9 +101,12 @@ TARGET_CPU_RATIO = 1.15
 TARGET_RTT_RATIO = 1.5
 IDLE_S = 2.0
 WARMUP_BROADCASTS = 2
-OPERATOR_TRIES = 32  # connections opened until one lands on node 1 (each does with p = 1/N)
+# Connections opened, per node wanted, until one lands on it (each does with p = 1/N).
+OPERATOR_TRIES = 32
 CALL_DEADLINE_S = 60.0
 _CONNECTED = gateway_pb2.StreamStatusNotification.Event.CONNECTED
+# (nodes, clustered) of a round's phases, in the order of its even rounds (odd ones: reversed).
+PHASES = ((1, True), (2, True), (2, False))
 
 
 def progress(message: str, quiet: bool) -> None:
@@ -123,6 +139,7 @@ class Holders:
 @dataclass
 class Phase:
     nodes: int
+    clustered: bool = True
     heartbeats: int = 0
     heartbeats_failed: int = 0
     heartbeat_cpu_s: float = 0.0
@@ -139,6 +156,15 @@ class Phase:
     # Per node, CPU seconds over the local / cross-node commands, idle share already taken off.
     local_cpu_s: list[float] = field(default_factory=list)
     remote_cpu_s: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The keys' suffix: "1", "2", "2u" (two nodes, unclustered)."""
+        return f"{self.nodes}{'' if self.clustered or self.nodes == 1 else 'u'}"
+
+    @property
+    def title(self) -> str:
+        return f"{self.nodes} {'' if self.clustered else 'unclustered '}node(s)"
 
     @property
     def cpu_us_per_heartbeat(self) -> float | None:
@@ -199,7 +225,7 @@ async def _paced_heartbeats(
         generators.go()
         ready, _, _ = await generators.joined(START_TIMEOUT_S + load.agents / 20.0)
         progress(
-            f"{result.nodes} node(s): {ready} agents, one heartbeat each every"
+            f"{result.title}: {ready} agents, one heartbeat each every"
             f" {load.heartbeat_interval_s:g} s for {load.window_s:g} s",
             quiet,
         )
@@ -223,7 +249,7 @@ async def _back_to_back_heartbeats(
         ready,
     ):
         progress(
-            f"{result.nodes} node(s): {ready} agents heartbeating back to back"
+            f"{result.title}: {ready} agents heartbeating back to back"
             f" {load.warmup_s:g} + {load.window_s:g} s",
             quiet,
         )
@@ -246,30 +272,67 @@ def _count(values: Iterable[str]) -> dict[str, int]:
     return dict(sorted(Counter(values).items()))
 
 
+def _send_command(channel: grpc.aio.Channel) -> Callable[..., Any]:
+    return channel.unary_stream(
+        SEND_COMMAND,
+        request_serializer=management_pb2.SendCommandRequest.SerializeToString,
+        response_deserializer=management_pb2.SendCommandResponse.FromString,
+    )
+
+
+async def _landed_on(rel: Release, held: dict[str, grpc.aio.Channel]) -> str | None:
+    """The node holding the one management connection beyond `held`'s (one a node), or None
+    when the counts say otherwise (a close the node has not seen yet, another client)."""
+    extra = [await rel.mgmt_connections(node) - (node.name in held) for node in rel.nodes]
+    if sorted(extra) != [0] * (len(extra) - 1) + [1]:
+        return None
+    return rel.nodes[extra.index(1)].name
+
+
 @contextlib.asynccontextmanager
-async def operator_on_node_1(rel: Release) -> AsyncIterator[Any]:
-    """A SendCommand callable on a management connection the kernel gave node 1."""
-    first, others = rel.nodes[0], rel.nodes[1:]
-    for _ in range(OPERATOR_TRIES):
-        channel = grpc.aio.insecure_channel(
-            f"127.0.0.1:{rel.mgmt_port}", options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        await channel.channel_ready()
-        if await rel.mgmt_connections(first) == 1 and not any(
-            [await rel.mgmt_connections(node) for node in others]
-        ):
-            try:
-                yield channel.unary_stream(
-                    SEND_COMMAND,
-                    request_serializer=management_pb2.SendCommandRequest.SerializeToString,
-                    response_deserializer=management_pb2.SendCommandResponse.FromString,
-                )
-            finally:
+async def operators(
+    rel: Release, wanted: Sequence[Node]
+) -> AsyncIterator[list[Callable[..., Any]]]:
+    """A SendCommand callable for each node of `wanted`, in its order, each on a management
+    connection the kernel gave that node: connections to the shared port are opened until one
+    landed on each; one that lands elsewhere is closed."""
+    names = [node.name for node in wanted]
+    held: dict[str, grpc.aio.Channel] = {}
+    try:
+        for _ in range(OPERATOR_TRIES * len(names)):
+            if len(held) == len(names):
+                break
+            # Its own subchannel: a new TCP connection each time, for the kernel to place.
+            channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{rel.mgmt_port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            await channel.channel_ready()
+            landed = await _landed_on(rel, held)
+            if landed in names and landed not in held:
+                held[landed] = channel
+            else:
                 await channel.close()
-            return
-        await channel.close()
-        await asyncio.sleep(0.05)  # the node sees the close before the next count
-    raise RuntimeError(f"no management connection landed on node 1 in {OPERATOR_TRIES} tries")
+                await asyncio.sleep(0.05)  # the node sees the close before the next count
+        missing = [name for name in names if name not in held]
+        if missing:
+            raise RuntimeError(f"no management connection landed on {missing} in time")
+        yield [_send_command(held[name]) for name in names]
+    finally:
+        for channel in held.values():
+            await channel.close()
+
+
+async def broadcast(sends: Sequence[Callable[..., Any]], command_id: str) -> tuple[int, float]:
+    """One broadcast on every operator connection at once: (SUCCESS answers, seconds until the
+    last of them)."""
+    started = time.perf_counter()
+    replies = await asyncio.gather(
+        *(
+            _answers(send(_request(command_id, []), timeout=CALL_DEADLINE_S), started)
+            for send in sends
+        )
+    )
+    return sum(ok for _, ok, _ in replies), max(seconds for _, _, seconds in replies)
 
 
 async def command_part(
@@ -287,31 +350,23 @@ async def command_part(
             await asyncio.sleep(0.2)
         await settled(rel, load.agents)
         result.agents_per_node = _count(holders.by_agent.values())
-        progress(
-            f"{result.nodes} node(s): {subscribed} agents held {result.agents_per_node}", quiet
-        )
-        async with operator_on_node_1(rel) as send:
+        progress(f"{result.title}: {subscribed} agents held {result.agents_per_node}", quiet)
+        # Unclustered, a node reaches only the agents it holds: an operator on each node.
+        wanted = rel.nodes[:1] if result.clustered else rel.nodes
+        async with operators(rel, wanted) as sends:
             for n in range(WARMUP_BROADCASTS):
-                await _answers(send(_request(f"w{n}", []), timeout=CALL_DEADLINE_S), 0.0)
-
-            async def broadcasts() -> int:
-                ok_total = 0
-                for b in range(load.broadcasts):
-                    started = time.perf_counter()
-                    call = send(_request(f"b{b}", []), timeout=CALL_DEADLINE_S)
-                    _, ok, seconds = await _answers(call, started)
-                    ok_total += ok
-                    result.broadcast_s.append(seconds)
-                return ok_total
-
-            progress(f"{result.nodes} node(s): {load.broadcasts} broadcasts", quiet)
+                await broadcast(sends, f"w{n}")
+            progress(f"{result.title}: {load.broadcasts} broadcasts", quiet)
             idle = await idle_rate(rel)
             started, before = time.monotonic(), rel.cpu_s()
-            result.answers = await broadcasts()
+            for b in range(load.broadcasts):
+                ok, seconds = await broadcast(sends, f"b{b}")
+                result.answers += ok
+                result.broadcast_s.append(seconds)
             result.broadcast_cpu_s = rel.cpu_s() - before
             result.broadcast_idle_cpu_s = idle * (time.monotonic() - started)
             if len(rel.nodes) > 1:
-                await round_trips(send, rel, load, result, holders=holders, quiet=quiet)
+                await round_trips(sends[0], rel, load, result, holders=holders, quiet=quiet)
 
 
 async def round_trips(
@@ -323,32 +378,33 @@ async def round_trips(
     holders: Holders,
     quiet: bool,
 ) -> None:
-    """Single-target commands one at a time, alternating local (node 1) and remote targets."""
+    """Single-target commands one at a time through node 1: clustered, alternating local (node 1)
+    and remote targets, `load.commands` in all; unclustered, the local half only (node 1 cannot
+    reach node 2's agents)."""
     local_name = rel.nodes[0].name
     local = sorted(a for a, n in holders.by_agent.items() if n == local_name)
     remote = sorted(a for a, n in holders.by_agent.items() if n != local_name)
-    if not local or not remote:
+    kinds = [("l", local, result.local_ms, result.local_cpu_s)]
+    if result.clustered:
+        kinds.append(("r", remote, result.remote_ms, result.remote_cpu_s))
+    if not all(agents for _, agents, _, _ in kinds):
         # No round trip to compare: the ratio is reported as n/a (and its target as missed).
         progress(f"the kernel put every agent on one node: {result.agents_per_node}", quiet)
         return
-    progress(f"{result.nodes} nodes: {load.commands} single-target commands", quiet)
+    progress(f"{result.title}: {len(kinds) * (load.commands // 2)} single-target commands", quiet)
     pids = [node.pid for node in rel.nodes]
     idle_before = [run_time_s(pid) for pid in pids]
     await asyncio.sleep(IDLE_S)
     idle = [(run_time_s(pid) - cpu) / IDLE_S for pid, cpu in zip(pids, idle_before, strict=True)]
-    result.local_cpu_s, result.remote_cpu_s = [0.0] * len(pids), [0.0] * len(pids)
-    targets = zip(itertools.cycle(local), itertools.cycle(remote), strict=False)
-    for n, (near, far) in zip(range(0, load.commands, 2), targets, strict=False):
-        for kind, target, times, cpu in (
-            ("l", near, result.local_ms, result.local_cpu_s),
-            ("r", far, result.remote_ms, result.remote_cpu_s),
-        ):
+    for _, _, _, cpu in kinds:
+        cpu[:] = [0.0] * len(pids)
+    for n in range(load.commands // 2):
+        for kind, agents, times, cpu in kinds:
             before = [run_time_s(pid) for pid in pids]
             started = time.perf_counter()
+            request = _request(f"{kind}{n}", [agents[n % len(agents)]])
             try:
-                final, ok, seconds = await _answers(
-                    send(_request(f"{kind}{n}", [target]), timeout=CALL_DEADLINE_S), started
-                )
+                final, ok, seconds = await _answers(send(request, timeout=CALL_DEADLINE_S), started)
             except grpc.aio.AioRpcError:
                 final = ok = 0
                 seconds = 0.0
@@ -364,12 +420,13 @@ async def round_trips(
 # -- one phase, the run ---------------------------------------------------------------------------
 
 
-async def phase(nodes: int, load: Load, workdir: Path, quiet: bool) -> Phase:
-    result = Phase(nodes)
+async def phase(result: Phase, load: Load, workdir: Path, quiet: bool) -> Phase:
     holders = Holders()
     async with FakeUpstream(on_call=holders.on_call) as fake:
-        progress(f"{nodes} node(s): starting the release", quiet)
-        async with release(workdir, nodes, load.agents, fake.port) as rel:
+        progress(f"{result.title}: starting the release", quiet)
+        async with release(
+            workdir, result.nodes, load.agents, fake.port, clustered=result.clustered
+        ) as rel:
             await heartbeat_part(rel, load, result, holders=holders, workdir=workdir, quiet=quiet)
             deadline = time.monotonic() + 60.0
             while await rel.metric_total("yuzu_gw_agents_current") > 0:
@@ -393,7 +450,9 @@ def _per_command(cpu_s: list[float], count: int) -> list[float] | None:
     return [1e6 * seconds / count for seconds in cpu_s] if cpu_s and count else None
 
 
-def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
+def summarise(load: Load, one: Phase, two: Phase, alone: Phase, order: list[str]) -> dict[str, Any]:
+    """One round's figures: `one` one node, `two` two clustered, `alone` two unclustered."""
+    phases = (one, two, alone)
     hb_ratio = _ratio(two.cpu_us_per_heartbeat, one.cpu_us_per_heartbeat)
     answer_ratio = _ratio(two.cpu_us_per_answer, one.cpu_us_per_answer)
     local_p50, remote_p50 = _p50(two.local_ms), _p50(two.remote_ms)
@@ -402,6 +461,8 @@ def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
     per_kind = load.commands // 2
     local_cpu = _per_command(two.local_cpu_s, per_kind)
     remote_cpu = _per_command(two.remote_cpu_s, per_kind)
+    failed_heartbeats = sum(p.heartbeats_failed for p in phases)
+    failed_commands = two.commands_failed + alone.commands_failed
     return {
         "benchmark": NAME,
         "agents": load.agents,
@@ -411,32 +472,50 @@ def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
         "broadcasts": load.broadcasts,
         "commands": load.commands,
         "heartbeat_interval_s": load.heartbeat_interval_s,
+        "order": order,
         "cpu_us_per_heartbeat_1": one.cpu_us_per_heartbeat,
         "cpu_us_per_heartbeat_2": two.cpu_us_per_heartbeat,
+        "cpu_us_per_heartbeat_2u": alone.cpu_us_per_heartbeat,
         "cpu_per_heartbeat_ratio_2_vs_1": hb_ratio,
+        "cpu_per_heartbeat_ratio_2u_vs_1": _ratio(
+            alone.cpu_us_per_heartbeat, one.cpu_us_per_heartbeat
+        ),
+        "cpu_per_heartbeat_ratio_2_vs_2u": _ratio(
+            two.cpu_us_per_heartbeat, alone.cpu_us_per_heartbeat
+        ),
         "heartbeats_per_s_1": one.heartbeats / load.window_s,
         "heartbeats_per_s_2": two.heartbeats / load.window_s,
-        "heartbeats_failed": one.heartbeats_failed + two.heartbeats_failed,
+        "heartbeats_per_s_2u": alone.heartbeats / load.window_s,
+        "heartbeats_failed": failed_heartbeats,
         "heartbeat_agents_per_node_2": two.heartbeats_per_node,
+        "heartbeat_agents_per_node_2u": alone.heartbeats_per_node,
         "cpu_us_per_answer_1": one.cpu_us_per_answer,
         "cpu_us_per_answer_2": two.cpu_us_per_answer,
+        "cpu_us_per_answer_2u": alone.cpu_us_per_answer,
         "cpu_per_answer_ratio_2_vs_1": answer_ratio,
+        "cpu_per_answer_ratio_2u_vs_1": _ratio(alone.cpu_us_per_answer, one.cpu_us_per_answer),
+        "cpu_per_answer_ratio_2_vs_2u": _ratio(two.cpu_us_per_answer, alone.cpu_us_per_answer),
         "answers_1": one.answers,
         "answers_2": two.answers,
+        "answers_2u": alone.answers,
         "broadcast_median_s_1": _p50(one.broadcast_s),
         "broadcast_median_s_2": _p50(two.broadcast_s),
+        "broadcast_median_s_2u": _p50(alone.broadcast_s),
         "command_agents_per_node_2": two.agents_per_node,
+        "command_agents_per_node_2u": alone.agents_per_node,
         "local_rtt_p50_ms": local_p50,
         "cross_node_rtt_p50_ms": remote_p50,
         "cross_node_rtt_ratio": rtt_ratio,
+        "local_rtt_p50_ms_2u": _p50(alone.local_ms),
         "cpu_us_per_local_command_by_node": local_cpu,
         "cpu_us_per_cross_node_command_by_node": remote_cpu,
+        "cpu_us_per_local_command_by_node_2u": _per_command(alone.local_cpu_s, per_kind),
         "cross_node_cpu_ratio": _ratio(
             sum(remote_cpu) if remote_cpu else None, sum(local_cpu) if local_cpu else None
         ),
-        "commands_failed": two.commands_failed,
+        "commands_failed": failed_commands,
         "raw": {
-            str(p.nodes): {
+            p.label: {
                 "heartbeats": p.heartbeats,
                 "heartbeat_cpu_s": p.heartbeat_cpu_s,
                 "heartbeat_idle_cpu_s": p.heartbeat_idle_cpu_s,
@@ -444,13 +523,12 @@ def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
                 "broadcast_idle_cpu_s": p.broadcast_idle_cpu_s,
                 "broadcast_runs_s": p.broadcast_s,
             }
-            for p in (one, two)
+            for p in phases
         },
         "targets_met": {
-            "all_answered": one.answers == expected_answers
-            and two.answers == expected_answers
-            and two.commands_failed == 0
-            and one.heartbeats_failed + two.heartbeats_failed == 0,
+            "all_answered": all(p.answers == expected_answers for p in phases)
+            and failed_commands == 0
+            and failed_heartbeats == 0,
             "cpu_per_heartbeat_ratio_2_vs_1": hb_ratio is not None and hb_ratio <= TARGET_CPU_RATIO,
             "cpu_per_answer_ratio_2_vs_1": answer_ratio is not None
             and answer_ratio <= TARGET_CPU_RATIO,
@@ -460,20 +538,25 @@ def summarise(load: Load, one: Phase, two: Phase) -> dict[str, Any]:
     }
 
 
-# Over the rounds: the median of each figure (a ratio: of the rounds' ratios, each pairing a
-# one-node phase with the two-node phase run right after it), the fewest answers in a round,
-# the failures summed; CPU per command by node, node by node; the kernel's spreads in `rounds`.
+# Over the rounds: the median of each figure (a ratio: of the rounds' ratios, each pairing phases
+# of the same round), the fewest answers in a round, the failures summed; CPU per command by
+# node, node by node; the kernel's spreads and each round's order in `rounds`.
 _MEDIAN_KEYS = (
     "cpu_us_per_heartbeat_1",
     "cpu_us_per_heartbeat_2",
+    "cpu_us_per_heartbeat_2u",
     "heartbeats_per_s_1",
     "heartbeats_per_s_2",
+    "heartbeats_per_s_2u",
     "cpu_us_per_answer_1",
     "cpu_us_per_answer_2",
+    "cpu_us_per_answer_2u",
     "broadcast_median_s_1",
     "broadcast_median_s_2",
+    "broadcast_median_s_2u",
     "local_rtt_p50_ms",
     "cross_node_rtt_p50_ms",
+    "local_rtt_p50_ms_2u",
     "cross_node_cpu_ratio",
 )
 _RATIO_TARGETS = {
@@ -481,12 +564,26 @@ _RATIO_TARGETS = {
     "cpu_per_answer_ratio_2_vs_1": TARGET_CPU_RATIO,
     "cross_node_rtt_ratio": TARGET_RTT_RATIO,
 }
+# The control's decomposition of the first two targets' ratios: no target of their own.
+_RATIO_CONTROLS = (
+    "cpu_per_heartbeat_ratio_2u_vs_1",
+    "cpu_per_heartbeat_ratio_2_vs_2u",
+    "cpu_per_answer_ratio_2u_vs_1",
+    "cpu_per_answer_ratio_2_vs_2u",
+)
 _PER_ROUND_KEYS = (
+    "order",
     "heartbeat_agents_per_node_2",
+    "heartbeat_agents_per_node_2u",
     "command_agents_per_node_2",
+    "command_agents_per_node_2u",
     "raw",
 )
-_BY_NODE_KEYS = ("cpu_us_per_local_command_by_node", "cpu_us_per_cross_node_command_by_node")
+_BY_NODE_KEYS = (
+    "cpu_us_per_local_command_by_node",
+    "cpu_us_per_cross_node_command_by_node",
+    "cpu_us_per_local_command_by_node_2u",
+)
 
 
 def _median_present(values: Iterable[float | None]) -> float | None:
@@ -497,16 +594,16 @@ def _median_present(values: Iterable[float | None]) -> float | None:
 def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from the rounds' `summarise` results (the module doc's figures, medians)."""
     result = {k: v for k, v in rounds[0].items() if k not in _PER_ROUND_KEYS}
-    for key in (*_MEDIAN_KEYS, *_RATIO_TARGETS):
+    for key in (*_MEDIAN_KEYS, *_RATIO_TARGETS, *_RATIO_CONTROLS):
         result[key] = _median_present(r[key] for r in rounds)
-    for key in _RATIO_TARGETS:
+    for key in (*_RATIO_TARGETS, *_RATIO_CONTROLS):
         present = [r[key] for r in rounds if r[key] is not None]
         result[f"{key}_min"] = min(present, default=None)
         result[f"{key}_max"] = max(present, default=None)
     for key in _BY_NODE_KEYS:
         by_node = [r[key] for r in rounds if r[key] is not None]
         result[key] = [statistics.median(v) for v in zip(*by_node, strict=True)] or None
-    for key in ("answers_1", "answers_2"):
+    for key in ("answers_1", "answers_2", "answers_2u"):
         result[key] = min(r[key] for r in rounds)
     for key in ("heartbeats_failed", "commands_failed"):
         result[key] = sum(r[key] for r in rounds)
@@ -534,9 +631,16 @@ async def run(
             workdir.mkdir(parents=True)
         for n in range(repeat):
             progress(f"round {n + 1}/{repeat}", quiet)
-            one = await phase(1, load, workdir / f"one-{n}", quiet)
-            two = await phase(2, load, workdir / f"two-{n}", quiet)
-            rounds.append(summarise(load, one, two))
+            # Backwards every other round: see the module doc.
+            ordered = PHASES if n % 2 == 0 else PHASES[::-1]
+            order = [Phase(nodes, clustered) for nodes, clustered in ordered]
+            done = {}
+            for result in order:
+                done[result.label] = await phase(
+                    result, load, workdir / f"{n}-{result.label}", quiet
+                )
+            labels = [p.label for p in order]
+            rounds.append(summarise(load, done["1"], done["2"], done["2u"], labels))
     return combine(rounds)
 
 
@@ -548,25 +652,30 @@ def _fmt_nodes(values: list[float] | None) -> str:
     return "n/a" if values is None else " + ".join(f"{v:.0f}" for v in values) + " us"
 
 
+def _fmt_each(result: dict[str, Any], key: str, digits: int = 2, unit: str = "") -> str:
+    """`key` of the phases 1 / 2 / 2u (`<key>_1`, ...)."""
+    return " / ".join(_fmt(result[f"{key}_{label}"], digits, unit) for label in ("1", "2", "2u"))
+
+
+def _fmt_min_max(result: dict[str, Any], keys: Iterable[str]) -> str:
+    return ", ".join(f"{_fmt(result[f'{key}_min'])} / {_fmt(result[f'{key}_max'])}" for key in keys)
+
+
 def rows(result: dict[str, Any]) -> list[Row]:
     met = result["targets_met"]
     expected = result["broadcasts"] * result["agents"]
     return [
         Row(
-            "answers 1 / 2 nodes; failed commands, heartbeats",
-            f"{result['answers_1']} / {result['answers_2']}; {result['commands_failed']},"
+            "answers 1 / 2 / 2 unclustered nodes; failed commands, heartbeats",
+            f"{_fmt_each(result, 'answers', 0)}; {result['commands_failed']},"
             f" {result['heartbeats_failed']}",
-            f"{expected} / {expected}; 0, 0",
+            f"{expected} / {expected} / {expected}; 0, 0",
             met["all_answered"],
         ),
+        Row("heartbeats/s, 1 / 2 / 2 unclustered nodes", _fmt_each(result, "heartbeats_per_s", 0)),
         Row(
-            "heartbeats/s, 1 / 2 nodes",
-            f"{_fmt(result['heartbeats_per_s_1'], 0)} / {_fmt(result['heartbeats_per_s_2'], 0)}",
-        ),
-        Row(
-            "gateway CPU per heartbeat, 1 / 2 nodes",
-            f"{_fmt(result['cpu_us_per_heartbeat_1'], 0, ' us')}"
-            f" / {_fmt(result['cpu_us_per_heartbeat_2'], 0, ' us')}",
+            "gateway CPU per heartbeat, 1 / 2 / 2 unclustered nodes",
+            _fmt_each(result, "cpu_us_per_heartbeat", 0, " us"),
         ),
         Row(
             "CPU per heartbeat, 2 nodes / 1",
@@ -575,9 +684,14 @@ def rows(result: dict[str, Any]) -> list[Row]:
             met["cpu_per_heartbeat_ratio_2_vs_1"],
         ),
         Row(
-            "gateway CPU per broadcast answer, 1 / 2 nodes",
-            f"{_fmt(result['cpu_us_per_answer_1'], 0, ' us')}"
-            f" / {_fmt(result['cpu_us_per_answer_2'], 0, ' us')}",
+            "  = host (2 unclustered / 1) x cluster (2 / 2 unclustered)",
+            f"{_fmt(result['cpu_per_heartbeat_ratio_2u_vs_1'])}"
+            f" x {_fmt(result['cpu_per_heartbeat_ratio_2_vs_2u'])}",
+            "informational",
+        ),
+        Row(
+            "gateway CPU per broadcast answer, 1 / 2 / 2 unclustered nodes",
+            _fmt_each(result, "cpu_us_per_answer", 0, " us"),
         ),
         Row(
             "CPU per answer, 2 nodes / 1",
@@ -586,14 +700,22 @@ def rows(result: dict[str, Any]) -> list[Row]:
             met["cpu_per_answer_ratio_2_vs_1"],
         ),
         Row(
-            "command p50, agent on node 1 / on node 2 (via node 1)",
-            f"{_fmt(result['local_rtt_p50_ms'], 2, ' ms')}"
-            f" / {_fmt(result['cross_node_rtt_p50_ms'], 2, ' ms')}",
+            "  = host (2 unclustered / 1) x cluster (2 / 2 unclustered)",
+            f"{_fmt(result['cpu_per_answer_ratio_2u_vs_1'])}"
+            f" x {_fmt(result['cpu_per_answer_ratio_2_vs_2u'])}",
+            "informational",
         ),
         Row(
-            "CPU per command (node 1 + node 2), local / cross-node",
+            "command p50, agent on node 1 / on node 2 (via node 1); unclustered, on node 1",
+            f"{_fmt(result['local_rtt_p50_ms'], 2, ' ms')}"
+            f" / {_fmt(result['cross_node_rtt_p50_ms'], 2, ' ms')};"
+            f" {_fmt(result['local_rtt_p50_ms_2u'], 2, ' ms')}",
+        ),
+        Row(
+            "CPU per command (node 1 + node 2), local / cross-node; unclustered, local",
             f"{_fmt_nodes(result['cpu_us_per_local_command_by_node'])}"
-            f" / {_fmt_nodes(result['cpu_us_per_cross_node_command_by_node'])}",
+            f" / {_fmt_nodes(result['cpu_us_per_cross_node_command_by_node'])};"
+            f" {_fmt_nodes(result['cpu_us_per_local_command_by_node_2u'])}",
         ),
         Row("cross-node / local CPU per command", _fmt(result["cross_node_cpu_ratio"])),
         Row(
@@ -604,11 +726,11 @@ def rows(result: dict[str, Any]) -> list[Row]:
         ),
         Row(
             "rounds; ratios min / max (heartbeat, answer, round trip)",
-            f"{result['repeat']}; "
-            + ", ".join(
-                f"{_fmt(result[f'{key}_min'])} / {_fmt(result[f'{key}_max'])}"
-                for key in _RATIO_TARGETS
-            ),
+            f"{result['repeat']}; {_fmt_min_max(result, _RATIO_TARGETS)}",
+        ),
+        Row(
+            "control ratios min / max (heartbeat 2u/1, 2/2u; answer 2u/1, 2/2u)",
+            _fmt_min_max(result, _RATIO_CONTROLS),
         ),
     ]
 
@@ -631,7 +753,7 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat",
         type=int,
         default=DEFAULT_REPEAT,
-        help="pairs of phases (one node, then two); the figures are medians over them",
+        help="rounds of phases (1 node, 2, 2 unclustered); the figures are medians over them",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(

@@ -1,12 +1,17 @@
 """The release under `tests.bench.scale`: N nodes started by the release supervisor as an operator
 starts them (`python -m gateway.release supervise --nodes N`, what `rel/yuzu_gw start --nodes N`
 runs), in a temporary run directory, sharing the agent and management ports (SO_REUSEPORT) and
-seeded as one cluster (docs/multinode.md, docs/cluster.md).
+seeded as one cluster (docs/multinode.md, docs/cluster.md); or, as the benchmark's control, not
+clustered: no seed list and a seed name that cannot resolve, so each node serves alone.
 
 The configuration is `sys_config/test.config` with fixed loopback ports: the agent and management
 listeners (shared), and runs of N consecutive free ports for health, metrics and the cluster
 transport (the supervisor offsets each by the node's index). The seed list names every node's
 cluster port, so a single node is seeded with itself and the configuration differs only in N.
+Unclustered, the seed list stays empty, `cluster_seed_dns_name` is `UNRESOLVABLE` (the test
+configuration's `localhost` would resolve to 127.0.0.1, where the nodes' transports listen) and
+`cluster_port` stays 0, a free port each: the nodes of a host find each other from a configured
+port (docs/multinode.md), so with none each serves alone.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ FLUSH_INTERVAL_MS = 1000
 REDIAL_INTERVAL_MS = 1000
 POLL_S = 0.2
 MGMT_STATUS = 'status("listener_mgmt")["connections"]'
+# `.invalid` never resolves (RFC 6761): the resolver answers NXDOMAIN at once, every round.
+UNRESOLVABLE = "yuzu-bench-no-such-name.invalid"
 
 
 def _bindable(port: int) -> bool:
@@ -68,7 +75,9 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def release_config(path: Path, nodes: int, agents: int, fake_port: int) -> dict[str, int]:
+def release_config(
+    path: Path, nodes: int, agents: int, fake_port: int, *, clustered: bool = True
+) -> dict[str, int]:
     """Write the configuration; returns the base ports (`agent`, `mgmt` shared)."""
     ports = {
         "agent": free_ports(1),
@@ -78,6 +87,14 @@ def release_config(path: Path, nodes: int, agents: int, fake_port: int) -> dict[
         "cluster": free_ports(nodes),
     }
     seeds = ", ".join(f'<<"{HOST}:{ports["cluster"] + k}">>' for k in range(nodes))
+    discovery = (
+        ("{cluster_seed_nodes, []}", f"{{cluster_seed_nodes, [{seeds}]}}")
+        if clustered
+        else (
+            '{cluster_seed_dns_name, <<"localhost">>}',
+            f'{{cluster_seed_dns_name, <<"{UNRESOLVABLE}">>}}',
+        )
+    )
     upstream = (
         "{upstream_client, #{channels => [{default_channel,"
         f' [{{http, "{HOST}", {fake_port}, []}}], #{{}}}}]}}}}'
@@ -86,8 +103,8 @@ def release_config(path: Path, nodes: int, agents: int, fake_port: int) -> dict[
     for old, new in (
         ("{health_port, 0}", f"{{health_port, {ports['health']}}}"),
         ("{prometheus_port, 0}", f"{{prometheus_port, {ports['metrics']}}}"),
-        ("{cluster_port, 0}", f"{{cluster_port, {ports['cluster']}}}"),
-        ("{cluster_seed_nodes, []}", f"{{cluster_seed_nodes, [{seeds}]}}"),
+        ("{cluster_port, 0}", f"{{cluster_port, {ports['cluster'] if clustered else 0}}}"),
+        discovery,
         (
             "{cluster_redial_interval_ms, 5000}",
             f"{{cluster_redial_interval_ms, {REDIAL_INTERVAL_MS}}}",
@@ -181,12 +198,33 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
     await process.wait()
 
 
+async def _linked(rel: Release, peers: int, deadline: float, workdir: Path) -> None:
+    for node in rel.nodes:
+        while await rel.metric(node, "yuzu_gw_cluster_peers_connected") < peers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not form; see {workdir}")
+            await asyncio.sleep(POLL_S)
+
+
+async def _alone(rel: Release, workdir: Path) -> None:
+    """A control that had clustered after all would measure the cluster: refuse it. The first
+    discovery round starts at boot; after one more interval any peer would have been resolved."""
+    await asyncio.sleep(REDIAL_INTERVAL_MS / 1000)
+    for node in rel.nodes:
+        for name in ("yuzu_gw_cluster_peers_resolved", "yuzu_gw_cluster_peers_connected"):
+            if await rel.metric(node, name):
+                raise RuntimeError(f"{node.name} found a peer ({name}); see {workdir}")
+
+
 @contextlib.asynccontextmanager
-async def release(workdir: Path, nodes: int, agents: int, fake_port: int) -> AsyncIterator[Release]:
-    """N nodes under the release supervisor, each ready and (N > 1) linked to every other."""
+async def release(
+    workdir: Path, nodes: int, agents: int, fake_port: int, *, clustered: bool = True
+) -> AsyncIterator[Release]:
+    """N nodes under the release supervisor, each ready and, clustered, linked to every other;
+    unclustered, each checked to have resolved and linked no peer."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "scale.config"
-    ports = release_config(config, nodes, agents, fake_port)
+    ports = release_config(config, nodes, agents, fake_port, clustered=clustered)
     run_dir = workdir / "run"
     cookie = secrets.token_hex(32)
     env = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
@@ -234,11 +272,10 @@ async def release(workdir: Path, nodes: int, agents: int, fake_port: int) -> Asy
             run_dir,
             cookie,
         )
-        for node in started.nodes:
-            while await started.metric(node, "yuzu_gw_cluster_peers_connected") < nodes - 1:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the cluster did not form; see {workdir}")
-                await asyncio.sleep(POLL_S)
+        if clustered:
+            await _linked(started, nodes - 1, deadline, workdir)
+        else:
+            await _alone(started, workdir)
         yield started
     finally:
         await _stop(process)
