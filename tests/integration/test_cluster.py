@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,7 @@ from google.protobuf import empty_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from actors.sessions import held_agent_ids
 from gateway.cluster.peers import CLUSTER_NAME, connected_links
 from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import PeerLink
@@ -296,5 +298,56 @@ def test_dns_discovery_that_finds_only_this_node_serves_alone(tmp_path: Path) ->
             assert metrics.value("yuzu_gw_cluster_peers_resolved") == 0
             assert metrics.value("yuzu_gw_cluster_peers_connected") == 0
             assert peers(node) == 0
+
+    run(body)
+
+
+def test_a_cluster_port_taken_at_boot_leaves_the_node_serving_and_is_bound_once_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fail-open (seed: "Gateway Clustering"): a transport that cannot listen is a reason to
+    serve alone, never an agent-facing outage; the node tries again every round."""
+    caplog.set_level(logging.WARNING, logger="yuzu_gw.cluster")
+
+    async def body() -> None:
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        async with FakeUpstream() as fake:
+            upstream = (
+                "{upstream_client, #{channels => [{default_channel,"
+                f' [{{http, "127.0.0.1", {fake.port}, []}}], #{{}}}}]}}}}'
+            )
+            text = (
+                TEST_CONFIG.read_text()
+                .replace("{allow_no_upstream, true}", upstream)
+                .replace("{cluster_redial_interval_ms, 5000}", "{cluster_redial_interval_ms, 100}")
+                .replace("{cluster_port, 0}", f"{{cluster_port, {port}}}")
+            )
+            config = tmp_path / "taken.config"
+            config.write_text(text)
+            try:
+                async with running_node(tmp_path, YUZU_GW_CONFIG=str(config)) as node:
+                    await asyncio.sleep(0.3)  # a few rounds, each trying the port again
+                    assert "cluster" not in node.ctx.bound
+                    # The node serves meanwhile: an agent registers and subscribes.
+                    async with agents(node, 1) as [agent]:
+                        stream = await hold(node, agent, "agent-alone")
+                        assert node.runtime is not None
+                        assert held_agent_ids(node.runtime) == ["agent-alone"]
+                        stream.cancel()
+                    lines = [r.getMessage() for r in caplog.records if "cannot" in r.getMessage()]
+                    # Rate-limited: not a line a round (a round is 100 ms here).
+                    assert 1 <= len(lines) <= 3, lines
+                    assert lines[0] == (
+                        f"Cluster transport cannot listen on 127.0.0.1:{port} (OSError);"
+                        " serving alone, trying again every round"
+                    )
+                    taken.close()
+                    await until(lambda: "cluster" in node.ctx.bound, "the port bound once free")
+                    assert node.ctx.bound["cluster"] == ("127.0.0.1", port)
+            finally:
+                taken.close()
 
     run(body)
