@@ -286,6 +286,18 @@ BENCHES: tuple[Bench, ...] = (
                 target="<= 1.5",
                 met="cross_node_rtt_ratio",
             ),
+            # The control (docs/benchmarks.md, "The control"): 2 / 1 = host x cluster.
+            Figure(
+                "CPU per heartbeat, 2 unclustered / 1 (the host)", "cpu_per_heartbeat_ratio_2u_vs_1"
+            ),
+            Figure(
+                "CPU per heartbeat, 2 / 2 unclustered (the cluster)",
+                "cpu_per_heartbeat_ratio_2_vs_2u",
+            ),
+            Figure("CPU per answer, 2 unclustered / 1 (the host)", "cpu_per_answer_ratio_2u_vs_1"),
+            Figure(
+                "CPU per answer, 2 / 2 unclustered (the cluster)", "cpu_per_answer_ratio_2_vs_2u"
+            ),
         ),
         quick=(
             "--agents",
