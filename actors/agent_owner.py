@@ -53,7 +53,6 @@ from actors.agent_messages import (
 from actors.core.notify_store import Event, log_text, sanitise_peer_addr
 from actors.core.owner_commands import PendingCommands, is_guardian_event
 from actors.core.owner_lifecycle import (
-    STOPPING_DETAILS,
     Announce,
     CloseStream,
     DeleteRow,
@@ -96,7 +95,6 @@ from actors.sessions import REGISTRY_NAME
 from actors.upstream_messages import ForwardGuardian, Notify
 from actors.upstream_recovery import FAILED_DETAILS
 from gateway.owner_metrics import owner_metrics
-from gateway.retry_hint import RefusalKind, trailer
 from gateway.watch_events import publish
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
@@ -305,9 +303,8 @@ class AgentOwner(Process):
                     for command_id, reply_to in self.commands.drain():
                         self._fail(reply_to, command_id, "agent_disconnected")
                 case CloseStream(status=status, details=details):
-                    # A planned stop's end tells the agent when to come back, jittered.
-                    hint = (trailer(RefusalKind.STOPPING),) if details == STOPPING_DETAILS else ()
-                    self.args.stream.close(StreamEnd(status, details, hint))
+                    # When to come back is the stream process's word: its connection's GOAWAY's.
+                    self.args.stream.close(StreamEnd(status, details))
                 case SettleDisconnected(stream_home_id=home):
                     self._settle(home)
                 case PresentSession():

@@ -47,6 +47,7 @@ class ConnectionInfo:
         "_away",
         "_callbacks",
         "_peer_der",
+        "goaway_retry_ms",
         "key",
         "listener",
         "open",
@@ -65,6 +66,9 @@ class ConnectionInfo:
         self._callbacks: list[Callable[[ConnectionInfo], None]] | None = None
         # The retry time the connection was sent away with, once it was.
         self.sent_away_ms: int | None = None
+        # The retry time of the graceful GOAWAY it got, once it got one (a planned stop's drain,
+        # or the overload go-away): its streams' UNAVAILABLE ends say the same.
+        self.goaway_retry_ms: int | None = None
         self._away: list[Callable[[int], None]] | None = None
 
     def attach(self, transport: object) -> None:

@@ -327,6 +327,7 @@ class ListenerProtocol(H2Protocol):
         # A stream transport (uvloop's do not subclass asyncio's, hence the cast).
         cast("asyncio.WriteTransport", transport).write(frame.serialize())
         self._drained = last
+        self.info.goaway_retry_ms = retry_after_ms
         self.policy.goaways[reason].inc()
         return True
 

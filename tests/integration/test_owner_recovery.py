@@ -24,6 +24,7 @@ from actors.router import ROUTER_NAME
 from actors.router_messages import RouteCommand
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node import Node
+from gateway.retry_hint import PUSHBACK_HEADER
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.reason import ExitReason
@@ -312,8 +313,10 @@ def test_escalation_past_the_intensity_restarts_agent_sup_and_recovers_orphans(
                 for h in orphans:
                     assert {home for _, home in events(fake, h)} == {h.home}
                 for h in running:
-                    # Stopped on the way down: their DISCONNECTED, their streams closed.
+                    # Stopped on the way down: their DISCONNECTED, their streams closed. No
+                    # retry hint: the gateway is not stopping, the agents reconnect at once.
                     assert await asyncio.wait_for(h.stream.code(), 5) is grpc.StatusCode.UNAVAILABLE
+                    assert PUSHBACK_HEADER not in dict(await h.stream.trailing_metadata())
                     assert [e for e, _ in events(fake, h)] == [CONNECTED, DISCONNECTED]
                 await command_reaches(node, orphans, "after-escalation")
 
