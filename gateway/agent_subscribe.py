@@ -40,7 +40,7 @@ from actors.registration import RESERVE_TIMEOUT_S
 from actors.registry_messages import ReleaseTaken, Taken, TakePending, TakeRefused
 from actors.sessions import registry_address
 from gateway.agent_plane import AgentPlane, conn_key, crashed, failed
-from gateway.listeners.connection import ConnectionInfo, current_call
+from gateway.listeners.connection import current_call
 from gateway.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
 from gateway.status import not_found, session_refused
 from gateway.upstream.methods import SESSION_ID_METADATA
@@ -173,13 +173,12 @@ class _StreamProcess:
         self.monitor: int | None = None
         # The re-attach wait's deadline while waiting for a restarted owner, else None.
         self.reattach: asyncio.TimerHandle | None = None
-        self.connection: ConnectionInfo | None = None
 
     async def run(self) -> None:
         runtime = self.plane.runtime
         self._watch(self.owner)
         self.handle.on_adopt(self._adopted)
-        connection = self.connection = current_call().connection
+        connection = current_call().connection
         connection.on_sent_away(self._sent_away)
         reader = asyncio.ensure_future(self._read())
         end: StreamEnd | None = None
@@ -201,19 +200,20 @@ class _StreamProcess:
                 self.handle.close(_AGENT_GONE)
                 if runtime.is_alive(self.owner):
                     runtime.tell(self.owner, StreamClosed())
-        await self._finish(end)
+        await self._finish(end, connection.goaway_retry_ms)
 
-    async def _finish(self, end: StreamEnd) -> None:
+    async def _finish(self, end: StreamEnd, goaway_retry_ms: int | None) -> None:
+        """Write the stream's end; `goaway_retry_ms`: the retry time of the GOAWAY its
+        connection got, if it got one."""
         if end is _AGENT_GONE:
             # Nobody reads an answer any more; the stream is reset or the connection gone.
             raise GRPCError(Status.CANCELLED, end.details)
         hint = dict(end.trailers).get(PUSHBACK_HEADER)
-        retry_ms = self.connection.goaway_retry_ms if self.connection is not None else None
-        if hint is None and retry_ms is not None and end.status == Status.UNAVAILABLE.value:
+        if hint is None and goaway_retry_ms is not None and end.status == Status.UNAVAILABLE.value:
             # The connection was told to go (a planned stop's drain, docs/planned-stop.md): the
             # stream's end says when to come back, as the GOAWAY did. An owner stopped by
             # anything else (its supervisor giving up, say) ends its stream without a hint.
-            hint = str(retry_ms)
+            hint = str(goaway_retry_ms)
         if hint is not None:
             # grpclib refuses `grpc-` metadata, so the retry hint goes out in trailers written
             # by send_refusal.
