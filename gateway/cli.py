@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gateway.console_client import Refused, Unreachable, bridge, one_shot, open_session
-from gateway.console_paths import RunFiles, alive, read_pid
+from gateway.console.client import Refused, Unreachable, bridge, one_shot, open_session
+from gateway.console.paths import RunFiles, alive, read_pid
 
 EXIT_OK = 0
 EXIT_NOT_RUNNING = 1

@@ -16,7 +16,7 @@ The repository root is the only include path, and the ``.proto`` files import ea
 (``import protos.yuzu.common.v1.common_pb2``). See docs/protos.md.
 
 ``--check`` exits with status 1 and lists the generated files that are stale, missing or no
-longer produced by any source; ``tests/unit/test_protos_generated.py`` runs the same check.
+longer produced by any source; ``tests/unit/protos/test_protos_generated.py`` runs the same check.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ requests in flight survive a young collection and die old, so the young generati
 98,000 to 174,000 objects when the count read 20,000 to 36,000 (3,000 agents joining), and its
 collection walked all of them: 0.3 to 1.2 us an object on a heap of 10,000 connections, a
 100-250 ms stall. So the node also checks the young generation's real size every
-`YOUNG_CHECK_S` and collects it past `YOUNG_GENERATION_BOUND` objects (gateway/young_generation.py).
+`YOUNG_CHECK_S` and collects it past `YOUNG_GENERATION_BOUND` objects
+(gateway/node/young_generation.py).
 """
 
 from __future__ import annotations

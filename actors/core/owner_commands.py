@@ -32,7 +32,7 @@ _NEVER = math.inf
 GUARDIAN_PLUGIN = "__guard__"
 # Commands waiting for an answer, per owner. An agent that never answers must not grow its owner
 # without bound; a healthy agent answers far fewer at once than its stream can hold queued
-# (actors/agent_messages.STREAM_QUEUE_MAX, 1024), so the same number bounds the map.
+# (actors/agents/api.STREAM_QUEUE_MAX, 1024), so the same number bounds the map.
 MAX_PENDING_COMMANDS = 1024
 
 

@@ -4,7 +4,7 @@ Rules of this file: everything that decides what an owner owes the rest of the n
 of its life lives here: when it registers, when it announces CONNECTED, when it writes and
 deletes its owner-table row, which DISCONNECTED it sends, whether and how it ends the stream.
 Nothing here does I/O, reads a clock or knows an address: every method returns effects (small
-frozen records) that the actor (actors/agent_owner.py) carries out in the order given.
+frozen records) that the actor (actors/agents/owner.py) carries out in the order given.
 
 Theory of operation (seed: "OTP Process Model", "Subscribe Stream Proxy", "Stream Status
 Notification", "When an agent's owner process crashes"; SPEC_INDEX OC-01, OC-02):
@@ -25,7 +25,8 @@ Notification", "When an agent's owner process crashes"; SPEC_INDEX OC-01, OC-02)
   out for that stream home id), the owner-table row, the registry, the commands still waiting
   for an answer, and last the stream (closed with a status unless the agent already went away).
 
-Invariants (tests/unit/test_owner_lifecycle.py drives arbitrary event sequences against them):
+Invariants (tests/unit/actors/core/test_owner_lifecycle.py drives arbitrary event sequences against
+them):
 a row exists exactly while a DISCONNECTED is owed; every CONNECTED is followed by exactly one
 DISCONNECTED with the same stream home id; the stream is closed at most once and never after
 the agent went away; nothing happens after `finish`.
@@ -106,7 +107,8 @@ class Phase(enum.Enum):
 # --- what the stream is ended with ---------------------------------------------------------------
 
 # A refusal the gateway makes itself and the agent should simply come back from is UNAVAILABLE; a
-# registry that cannot be reached is INTERNAL (gateway/status.py, the seed's rule for Register).
+# registry that cannot be reached is INTERNAL (gateway/agent/status.py, the seed's rule for
+# Register).
 REFUSED_DETAILS = {
     "cap": "too many sessions on this connection",
     "connection_down": "connection closed",

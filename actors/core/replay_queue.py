@@ -5,7 +5,7 @@ carrying the session id), in which order, how many at once, and when every held 
 Nothing here does I/O, reads a clock or a table: time comes in as `now` (seconds, monotonic),
 randomness as an injected `uniform(a, b)`, what the node holds as callables the lane passes in
 (`is_held`, `held_sessions`). Methods return effects (`Count`, `LogLine`) and, for `launch`, the
-sessions to replay now; the lane (actors/upstream_replay.py) carries them out.
+sessions to replay now; the lane (actors/upstream/replay.py) carries them out.
 
 Theory of operation (seed: "What happens when the server restarts": "What starts a full replay",
 "A full replay and the verdict drip", "What the reconcile promises", "Replay failures feed the

@@ -1,4 +1,5 @@
-"""The slow-server duty cycle: the core of the `slow_server` sampler (actors/slow_sampler.py).
+"""The slow-server duty cycle: the core of the `slow_server` sampler
+(actors/upstream/slow_sampler.py).
 
 Rules of this file (seed: "What happens when the server restarts > Slow server"; SPEC_INDEX M18,
 K58, CB-17). "Slow" is defined from how often the lanes to the server are full, not from a

@@ -40,11 +40,11 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream as ServerStream
 
-from actors.cluster_messages import LinkEnded, PeerEnded, PeerFrame
+from actors.cluster.api import LinkEnded, PeerEnded, PeerFrame
 from gateway.cluster.auth import UNAUTHENTICATED_DETAILS, Opener, Sealer
 from gateway.cluster.batches import BATCH, MAX_BATCH_BYTES, Record, pack, unpack
-from gateway.mgmt_command import ResponseWriter
-from gateway.mgmt_metrics import CommandOutcome
+from gateway.mgmt.command import ResponseWriter
+from gateway.mgmt.metrics import CommandOutcome
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 
 __all__ = ["COMMANDS_METHOD", "CommandLink", "Frame", "Route", "serve_commands"]
@@ -91,7 +91,7 @@ class _Outbox:
     a task `serve_commands` owns) takes every record put since it last ran and sends them as
     few sealed frames (gateway/cluster/batches.py). `room` holds the answers' writers while
     `MAX_BATCH_BYTES` or more wait, so an origin that does not read backs up into the sink's
-    bound (gateway/mgmt_command.py), not here."""
+    bound (gateway/mgmt/command.py), not here."""
 
     __slots__ = ("_bytes", "_failed", "_records", "_room", "_sealer", "_stream", "_wake")
 

@@ -26,11 +26,11 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
-from actors.cluster_messages import PeerFrame
+from actors.cluster.api import PeerFrame
 from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import SERVICE, ClusterServer, ClusterService, PeerLink
-from gateway.mgmt_command import ResponseWriter
-from gateway.mgmt_metrics import CommandOutcome
+from gateway.mgmt.command import ResponseWriter
+from gateway.mgmt.metrics import CommandOutcome
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 

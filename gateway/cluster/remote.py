@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, TypeVar
 from google.protobuf import empty_pb2
 from google.protobuf.message import Message
 
-from gateway.cluster.peers import connected_links
+from actors.cluster.peers import connected_links
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 
 if TYPE_CHECKING:
+    from actors.agents.watch import Watcher
     from gateway.cluster.transport import PeerLink
-    from gateway.watch_events import Watcher
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [

@@ -37,7 +37,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
-from actors.sessions import held_agent_ids
+from actors.registry.sessions import held_agent_ids
 from gateway.cluster.auth import (
     UNAUTHENTICATED_DETAILS,
     ServerNonces,
@@ -50,12 +50,12 @@ from gateway.cluster.auth import (
 )
 from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
 from gateway.cluster.seeds import PeerAddr
-from gateway.h2_closed_streams import bound_closed_streams
-from gateway.mgmt_agents import get_agent, list_agents
-from gateway.mgmt_command import ResponseWriter, run_command
-from gateway.mgmt_metrics import CommandOutcome
-from gateway.mgmt_plane import MgmtPlane
-from gateway.mgmt_watch import watch_events
+from gateway.listeners.h2_closed_streams import bound_closed_streams
+from gateway.mgmt.agents import get_agent, list_agents
+from gateway.mgmt.command import ResponseWriter, run_command
+from gateway.mgmt.metrics import CommandOutcome
+from gateway.mgmt.plane import MgmtPlane
+from gateway.mgmt.watch import watch_events
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 
 __all__ = ["SERVICE", "ClusterServer", "ClusterService", "PeerLink"]
@@ -179,7 +179,8 @@ class ClusterServer(Server):
     """grpclib's server plus `leave`: close the listener and every connection, so the peers'
     calls fail at once (their targets settle `agent_disconnected`) instead of waiting for their
     deadline, as they would behind grpclib's `close`, which only cancels the handlers. Each
-    connection remembers a bounded number of closed streams (gateway/h2_closed_streams.py).
+    connection remembers a bounded number of closed streams
+    (gateway/listeners/h2_closed_streams.py).
     Written against grpclib 0.4.9 (`_protocol_factory`)."""
 
     def __init__(self, service: ClusterService) -> None:

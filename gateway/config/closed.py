@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable
 
 from gateway.config.redact import shown_value
 from gateway.config.terms import Atom, Term
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 UNKNOWN_KEYS = "unknown_keys"
 DUPLICATE_KEYS = "duplicate_keys"

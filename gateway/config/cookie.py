@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 
 from gateway.config.vm_args import HISTORICAL_DEFAULT_COOKIE, CookieSource, NodeArgs
-from gateway.refusal import BOOT_LOGGER, BootRefused
+from gateway.node.refusal import BOOT_LOGGER, BootRefused
 
 MIN_COOKIE_CHARS = 32
 ALLOW_DEFAULT_COOKIE_VAR = "YUZU_GW_ALLOW_DEFAULT_COOKIE"

@@ -7,7 +7,7 @@ servers or client block, which the manual refuses before anything binds (nothing
 read it, so the listeners or channel the operator meant would silently be missing).
 
 Everything that is wrong raises `BootRefused` with a named defect; the caller logs it with
-`gateway.refusal.log_refusal` and exits.
+`gateway.node.refusal.log_refusal` and exits.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gateway.config.resolve import CONFIG_LOGGER, resolve_section
 from gateway.config.schema import Schema
 from gateway.config.terms import Atom, Term, read_term_file
 from gateway.config.vm_args import CONFIG_UNREADABLE, NodeArgs, parse_vm_args
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 CONFIG_PATH_VAR = "YUZU_GW_CONFIG"
 VM_ARGS_PATH_VAR = "YUZU_GW_VM_ARGS"

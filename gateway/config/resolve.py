@@ -34,7 +34,7 @@ from gateway.config.converters import BadValue
 from gateway.config.redact import shown_value
 from gateway.config.schema import Key, Refuse, Schema, Source
 from gateway.config.terms import Atom, Term, format_term
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 CONFIG_LOGGER = "yuzu_gw.config"
 log = logging.getLogger(CONFIG_LOGGER)

@@ -38,7 +38,7 @@ __all__ = [
 # The management listener of the shipped dev config (sys_config/sys.config; docs/ctl.md).
 DEFAULT_TARGET = "127.0.0.1:50063"
 DEFAULT_TIMEOUT_S = 10.0
-# A ListAgents page holds 1..1000 agents (gateway/mgmt_agents.py); --all asks for full pages.
+# A ListAgents page holds 1..1000 agents (gateway/mgmt/agents.py); --all asks for full pages.
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 # The gateway clamps a command's timeout_seconds to 1..3600 (docs/management-plane.md).

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gateway.console_paths import DEFAULT_RUN_DIR
+from gateway.console.paths import DEFAULT_RUN_DIR
 from gateway.devstack.stack import Options, run
 
 DEFAULT_AGENTS = 50

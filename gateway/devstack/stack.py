@@ -46,7 +46,7 @@ from gateway.devstack import config
 from gateway.devstack.agents import AgentSettings, Fleet, Target
 from gateway.devstack.pki import DevPki, write_pki
 from gateway.devstack.upstream import FakeUpstream, start_fake_upstream
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 __all__ = ["READY_LINE", "Options", "StartFailed", "run"]
 

@@ -29,7 +29,7 @@ from gateway.listeners.spec import (
     ListenerSpec,
     check_unique,
 )
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 log = logging.getLogger(CONFIG_LOGGER)
 

@@ -62,8 +62,8 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 from prometheus_client import Counter
 
-from gateway.h2_closed_streams import bound_closed_streams
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
+from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.listeners.h2_settings import compact
 from gateway.listeners.metrics import (
     CANCEL_RATE,

@@ -56,7 +56,7 @@ from gateway.listeners.origin import (
     Mode,
     Sources,
 )
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 log = logging.getLogger("yuzu_gw.listeners")
 

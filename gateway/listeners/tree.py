@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from gateway.config.keys.listeners import ALLOW_NO_LISTENERS, GRPC_LISTENERS
 from gateway.config.terms import format_atom
-from gateway.context import NodeContext
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.listener_actor import (
     RUNNING,
@@ -37,12 +36,13 @@ from gateway.listeners.listener_actor import (
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.server import Routes
 from gateway.listeners.spec import BAD_ROUTES, ListenerSpec
-from gateway.refusal import BootRefused
+from gateway.node.context import NodeContext
+from gateway.node.refusal import BootRefused
 from supervisors.supervisor import ChildSpec
 from supervisors.table import Table
 
 if TYPE_CHECKING:
-    from gateway.mgmt_auth.gate import PeerGate
+    from gateway.mgmt.auth.gate import PeerGate
 
 log = logging.getLogger("yuzu_gw.listeners")
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gateway import cli
-from gateway.console_client import Refused, Unreachable, one_shot
-from gateway.console_paths import DEFAULT_RUN_DIR, RunFiles, alive, read_pid
+from gateway.console.client import Refused, Unreachable, one_shot
+from gateway.console.paths import DEFAULT_RUN_DIR, RunFiles, alive, read_pid
 from gateway.release import runfile
 from gateway.release.runfile import ENDED, NodeRecord, ReleaseRecord
 
@@ -61,8 +61,8 @@ def _tail(path: Path) -> str:
 def cmd_supervise(run_dir: Path, env: Mapping[str, str], count_text: str, logs: str) -> int:
     # Imported here: the client commands below must not pay for the node's imports.
     from gateway.config import default_paths, load  # noqa: PLC0415
-    from gateway.logs import configure_logging  # noqa: PLC0415
-    from gateway.refusal import BootRefused, log_refusal  # noqa: PLC0415
+    from gateway.node.logs import configure_logging  # noqa: PLC0415
+    from gateway.node.refusal import BootRefused, log_refusal  # noqa: PLC0415
     from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan  # noqa: PLC0415
     from gateway.release.supervisor import EXIT_FAILED, Logs, ReleaseSupervisor  # noqa: PLC0415
 

@@ -2,14 +2,14 @@
 own ports and the environment the release supervisor starts it with.
 
 The release supervisor starts node k of N >= 2 with `YUZU_GW_NODE_INDEX=k`,
-`YUZU_GW_NODE_COUNT=N` and `YUZU_GW_REUSEPORT=1`. Boot (`gateway.boot.prepare`) applies
+`YUZU_GW_NODE_COUNT=N` and `YUZU_GW_REUSEPORT=1`. Boot (`gateway.node.boot.prepare`) applies
 `apply_env` to what it loaded, and the supervisor's `nodes.json` comes from `plan`, which calls
 the same `for_index`: the node and the record cannot disagree. With one node none of the
 variables is set and nothing here changes anything.
 
 Node k is named `<short>-k@<host>` (sent upstream as `gateway_node`) and holds the health,
 metrics and cluster ports configured plus k-1; the listener ports are shared, not offset. It
-knows N too, so it can tell the cluster ports of its host's other nodes (actors/cluster.py),
+knows N too, so it can tell the cluster ports of its host's other nodes (gateway/cluster/actor.py),
 and its memory shedder takes fractional marks of its 1/N share of the memory limit.
 """
 
@@ -28,11 +28,11 @@ from gateway.config.keys.shedder import MEMORY_SHEDDING, shared_by
 from gateway.config.schema import Key, Source
 from gateway.config.vm_args import NodeArgs
 from gateway.listeners.server import REUSEPORT_VAR
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 
 NODE_INDEX_VAR = "YUZU_GW_NODE_INDEX"
 NODE_COUNT_VAR = "YUZU_GW_NODE_COUNT"
-# The clients' "which node's files" variable (gateway/console_paths.py): never a node's own.
+# The clients' "which node's files" variable (gateway/console/paths.py): never a node's own.
 CLIENT_NAME_VAR = "YUZU_GW_NODE_NAME"
 INVALID_NODE_INDEX = "invalid_node_index"
 # More nodes than this on one host is a typo, not a host (the plan is one node per core).

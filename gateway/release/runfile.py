@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from gateway.console_paths import alive
+from gateway.console.paths import alive
 
 RELEASE_FILE = "nodes.json"
 # The supervisor's own output under `rel/yuzu_gw start --nodes N`.

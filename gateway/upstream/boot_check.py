@@ -1,6 +1,6 @@
 """The upstream client's boot checks: what needs the environment or the file system.
 
-Run once by `gateway.boot.prepare`, after the configuration is resolved and before any
+Run once by `gateway.node.boot.prepare`, after the configuration is resolved and before any
 actor starts or any listener binds (seed, "What the gateway refuses at boot"; SPEC_INDEX
 B17-B19, L35-L39). In order:
 
@@ -29,7 +29,7 @@ from typing import Final
 from actors.core import LogLine
 from gateway.config.config import Config
 from gateway.config.keys.upstream import ALLOW_NO_UPSTREAM, UPSTREAM_CLIENT, UPSTREAM_TCP_NODELAY
-from gateway.refusal import BootRefused
+from gateway.node.refusal import BootRefused
 from gateway.upstream import tls_files
 from gateway.upstream.client_config import DEFAULT_CHANNEL, DOCS_REF, ChannelSpec, ClientSpec
 

@@ -45,12 +45,12 @@ from google.protobuf.message import Message
 from actors.core.backoff import TOO_MANY_STREAMS
 from actors.core.breaker import Lane, ResultKind
 from actors.core.permits import Caller, PermitPolicy
-from actors.upstream import NAME as UPSTREAM
-from actors.upstream import BreakerView, Outcome, breaker_view
-from actors.upstream_regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, PermitGate, permit_gate
+from actors.upstream.actor import NAME as UPSTREAM
+from actors.upstream.actor import BreakerView, Outcome, breaker_view
+from actors.upstream.channel import Channel, UpstreamCallError
+from actors.upstream.regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, PermitGate, permit_gate
 from gateway.config import Config
 from gateway.config.keys.upstream import UPSTREAM_CALL_TIMEOUT_MS, UPSTREAM_RPC_TIMEOUT_MS
-from gateway.upstream.api import Channel, UpstreamCallError
 from supervisors.runtime import LoopSystemBase
 
 __all__ = ["HANDLER_MARGIN_S", "RefusalReason", "UpstreamCalls", "UpstreamRefused"]

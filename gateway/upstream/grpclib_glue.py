@@ -9,7 +9,8 @@ frame the server sends. So:
   for h2's RemoteSettingsChanged event) and a future for the loss of the connection.
 * `SlotChannel`: a grpclib `Channel` over a connection the slot made, which never dials.
 * `Codec`: requests arrive encoded; responses are checked against max_receive_message_bytes.
-* h2's record of closed streams is bounded (`gateway.h2_closed_streams`): the connection opens
+* h2's record of closed streams is bounded (`gateway.listeners.h2_closed_streams`): the connection
+opens
   a stream per call of the whole node for as long as it lives.
 * The protocol writes through a `coalesce.CoalescingTransport` (`writes`), which the slot corks
   around a call's send so its HEADERS and DATA frames leave in one write.
@@ -33,7 +34,7 @@ from h2.config import H2Configuration
 from h2.events import RemoteSettingsChanged
 from h2.settings import SettingCodes
 
-from gateway.h2_closed_streams import bound_closed_streams
+from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.upstream.client_config import EndpointSpec
 from gateway.upstream.coalesce import CoalescingTransport
 from gateway.upstream.failures import ResponseTooLargeError

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.node_metrics import GC_GENERATIONS
+from actors.node.metrics import GC_GENERATIONS
 from tests.bench.agents_loadgen import register_request
 from tests.bench.common import (
     REPO_ROOT,

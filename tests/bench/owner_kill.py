@@ -54,15 +54,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.agent_messages import StreamHandle
-from actors.agent_sup import AGENT_SUP_NAME
+from actors.agents.api import StreamHandle
+from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
+from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
-from actors.owner_table import OWNERS_TABLE, OwnerRow
-from actors.router import ROUTER_NAME
-from actors.router_messages import RouteCommand
-from gateway.node import Node
+from actors.router.actor import ROUTER_NAME
+from actors.router.api import RouteCommand
+from actors.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
+from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
-from gateway.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD

@@ -34,14 +34,14 @@ import grpc.aio
 from thespian.actors import ActorSystem
 
 from actors.core.permits import Caller, Pool
-from actors.upstream import NAME as UPSTREAM
-from actors.upstream import Upstream
-from actors.upstream_regulator import NAME as REGULATOR
-from actors.upstream_regulator import Regulator
-from gateway.upstream.api import UpstreamCallError
+from actors.upstream.actor import NAME as UPSTREAM
+from actors.upstream.actor import Upstream
+from actors.upstream.channel import UpstreamCallError
+from actors.upstream.methods import PROXY_REGISTER
+from actors.upstream.regulator import NAME as REGULATOR
+from actors.upstream.regulator import Regulator
 from gateway.upstream.calls import UpstreamCalls, UpstreamRefused
 from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
-from gateway.upstream.methods import PROXY_REGISTER
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD
 from supervisors.runtime import LoopSystemBase

@@ -8,7 +8,7 @@ with 24 replay permits.
 - The fake server runs in a SUBPROCESS (`python -m gateway.devstack.fake_upstream --latency-ms
   ProxyRegister=50`, as tests/bench/permits.py starts it), so the gateway's loop does not share
   its time with the server's.
-- The gateway is a real node in this process (`gateway.node.Node`, the test configuration with
+- The gateway is a real node in this process (`gateway.node.node.Node`, the test configuration with
   its upstream channel pointed at the fake server): the registry, `agent_sup`, the owners, the
   `upstream` actor with its replay lane, the regulator and the real grpclib channel.
 - The held sessions are made without agent connections, through the same steps the Register
@@ -51,22 +51,22 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from pathlib import Path
 from typing import Any
 
-from actors.agent_messages import OwnerArgs, StreamHandle
-from actors.agent_sup import AGENT_SUP_NAME
+from actors.agents.api import OwnerArgs, StreamHandle
+from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
+from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.core.verdicts import HeartbeatVerdict
-from actors.owner_table import OWNERS_TABLE, OwnerRow
-from actors.registry_messages import Commit, Committed, Reserve, Reserved, Taken, TakePending
-from actors.sessions import AGENTS_TABLE, REGISTRY_NAME
-from actors.upstream import NAME as UPSTREAM
-from actors.upstream_notify import WIRE_CAPABILITIES
-from gateway.boot import prepare
+from actors.registry.api import Commit, Committed, Reserve, Reserved, Taken, TakePending
+from actors.registry.sessions import AGENTS_TABLE, REGISTRY_NAME
+from actors.upstream.actor import NAME as UPSTREAM
+from actors.upstream.channel import Channel, UpstreamCallError
+from actors.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
+from actors.upstream.notify import WIRE_CAPABILITIES
 from gateway.config.keys.cluster import CLUSTER_ID
 from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
-from gateway.node import Node
-from gateway.upstream.api import Channel, UpstreamCallError
+from gateway.node.boot import prepare
+from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
-from gateway.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.api import start_child
@@ -347,7 +347,7 @@ async def run_benchmark(
             gateway_node, cluster_id = node.ctx.node.name, node.ctx.config[CLUSTER_ID]
 
             def notice(row: OwnerRow) -> gateway_pb2.StreamStatusNotification:
-                # The fields the notification lane sends (actors/upstream_notify.py).
+                # The fields the notification lane sends (actors/upstream/notify.py).
                 return gateway_pb2.StreamStatusNotification(
                     agent_id=row.agent_id,
                     session_id=row.session_id,

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.console_client import one_shot
-from gateway.console_paths import RunFiles
+from gateway.console.client import one_shot
+from gateway.console.paths import RunFiles
 from gateway.release import runfile
 from tests.bench.agents import (
     START_TIMEOUT_S,

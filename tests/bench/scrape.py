@@ -7,8 +7,8 @@ stand-in for held connections: the listing costs the same per descriptor), then 
 `generate_latest` calls of:
 
 - `library`: a registry holding prometheus-client's own `ProcessCollector` only;
-- `gateway`: a registry holding the gateway's (gateway/process_collector.py) only;
-- `node_registry`: the collectors every node's registry starts with (gateway/boot.py).
+- `gateway`: a registry holding the gateway's (gateway/node/process_collector.py) only;
+- `node_registry`: the collectors every node's registry starts with (gateway/node/boot.py).
 
 Reported: the median and the largest milliseconds per scrape of each. Target: the gateway's
 process collector costs under a tenth of the library's at N descriptors, and the same families
@@ -29,8 +29,8 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.boot import node_registry
-from gateway.process_collector import ProcessCollector
+from gateway.node.boot import node_registry
+from gateway.node.process_collector import ProcessCollector
 from tests.bench.common import Row, add_common_arguments, environment, median, report
 
 NAME = "scrape"

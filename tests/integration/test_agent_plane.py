@@ -22,12 +22,12 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.agent_messages import DeliverCommand
-from actors.owner_table import owner_row
-from actors.registry_messages import GetCounts, RegistryCounts
-from actors.sessions import pending_of
+from actors.agents.api import DeliverCommand
+from actors.agents.owner_table import owner_row
+from actors.registry.api import GetCounts, RegistryCounts
+from actors.registry.sessions import pending_of
 from gateway.devstack.fake_upstream import FakeUpstream, Presented
-from gateway.node import Node
+from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import SupervisorError, terminate_child

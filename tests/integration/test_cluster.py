@@ -18,12 +18,12 @@ from google.protobuf import empty_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from actors.sessions import held_agent_ids
-from gateway.cluster.peers import CLUSTER_NAME, connected_links
+from actors.cluster.peers import CLUSTER_NAME, connected_links
+from actors.registry.sessions import held_agent_ids
 from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import PeerLink
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.node import Node
+from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt

@@ -22,7 +22,8 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 from grpclib.server import Stream as ServerStream
 
-from actors.cluster_messages import LinkEnded, PeerEnded, PeerFrame
+from actors.cluster.api import LinkEnded, PeerEnded, PeerFrame
+from actors.cluster.peers import connected_links
 from gateway.cluster.auth import Opener, Sealer, stream_key
 from gateway.cluster.batches import BATCH, MAX_BATCH_BYTES, pack, unpack
 from gateway.cluster.commands import (
@@ -35,11 +36,10 @@ from gateway.cluster.commands import (
     CommandLink,
     Frame,
 )
-from gateway.cluster.peers import connected_links
 from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import SERVICE, ClusterServer, ClusterService, PeerLink
-from gateway.h2_closed_streams import CLOSED_STREAMS_KEPT
-from gateway.node import Node
+from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 from tests.integration.test_agent_plane import Metrics, agents, run, until
@@ -360,7 +360,7 @@ class _Fake:
 def test_both_ends_of_a_link_remember_a_bounded_number_of_closed_streams() -> None:
     """A link makes a signed call per membership probe for as long as both nodes run: h2's
     record of closed streams stays bounded on the dialling and on the dialled side
-    (gateway/h2_closed_streams.py), not 65,536 entries per connection."""
+    (gateway/listeners/h2_closed_streams.py), not 65,536 entries per connection."""
     cookie = secrets.token_hex(32)
 
     async def body() -> None:

@@ -17,12 +17,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from thespian.actors import ActorSystem
 
-from gateway import console_protocol as wire
 from gateway.cli import CookieError, read_cookie
-from gateway.console import ConsoleServer
-from gateway.console_client import Refused, Unreachable, one_shot, open_session
-from gateway.console_namespace import filter_metrics
-from gateway.console_paths import RunFiles, resolve_name
+from gateway.console import protocol as wire
+from gateway.console.client import Refused, Unreachable, one_shot, open_session
+from gateway.console.namespace import filter_metrics
+from gateway.console.paths import RunFiles, resolve_name
+from gateway.console.server import ConsoleServer
 from supervisors.errors import InitFailed
 from supervisors.process import Process
 from supervisors.runtime import LoopSystemBase
@@ -258,9 +258,9 @@ def test_filter_metrics_keeps_whole_families() -> None:
 def test_run_files_match_the_node_pid_file(tmp_path: Path) -> None:
     # Node.pid_file is what the node writes; RunFiles.pid is what `yuzu-gw` reads.
     try:
-        from gateway.node import Node
+        from gateway.node.node import Node
     except ImportError:
-        pytest.skip("gateway.node does not import yet (boot/config in progress)")
+        pytest.skip("gateway.node.node does not import yet (boot/config in progress)")
     ctx = FakeContext(tmp_path)
     assert Node(ctx).pid_file == RunFiles(tmp_path, "yuzu_gw").pid  # type: ignore[arg-type]
 

@@ -9,7 +9,7 @@ The injected defect is the worst a defect could do: its exception's text carries
 and before raising it hands them to asyncio (a callback with them as its argument, a task that
 fails with them, both logged by asyncio) and logs its own traceback with the message as an
 argument. The runtime's reports are redacted by construction; the rest is the filter's
-(gateway/crash_redaction.py), which the test sees at work (asyncio's reports, reduced).
+(gateway/node/crash_redaction.py), which the test sees at work (asyncio's reports, reduced).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import grpc.aio
 import pytest
 from google.protobuf.message import Message
 
-from actors.heartbeat_buffer import NAME as HEARTBEAT_BUFFER
-from actors.owner_table import owner_row
-from actors.router import ROUTER_NAME
-from actors.sessions import REGISTRY_NAME
-from actors.upstream import NAME as UPSTREAM
+from actors.agents.owner_table import owner_row
+from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
+from actors.registry.sessions import REGISTRY_NAME
+from actors.router.actor import ROUTER_NAME
+from actors.upstream.actor import NAME as UPSTREAM
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY
-from gateway.node import Node
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors import introspection
 from supervisors.address import Address

@@ -23,7 +23,7 @@ import attrs
 import pytest
 
 from gateway.devstack.agents import AgentSettings, Fleet, Target
-from gateway.node import Node
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration.test_agent_plane import agents
 from tests.integration.test_management_plane import connect, gateway

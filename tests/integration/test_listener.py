@@ -36,9 +36,8 @@ from gateway.config.keys import listeners as listener_keys
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.context import NodeContext
-from gateway.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.listeners.connection import ConnectionInfo, current_call
+from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.listeners.h2_settings import SettingValues
 from gateway.listeners.listener_actor import (
     GetState,
@@ -52,6 +51,7 @@ from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.proxy_header import Command, Family, ProxyHeader, encode_v2
 from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import ListenerBoard, listener_child_specs, resolve_routes
+from gateway.node.context import NodeContext
 from protos.yuzu.agent.v1 import agent_grpc, agent_pb2
 from supervisors.errors import InitFailed
 from supervisors.supervisor import Supervisor, SupFlags, SupSpec
@@ -265,7 +265,7 @@ def test_a_finished_call_leaves_nothing_behind_on_its_connection() -> None:
 
 def test_a_connection_remembers_a_bounded_number_of_closed_streams() -> None:
     """An agent connection opens a stream per heartbeat for weeks: h2's record of how each
-    closed stream ended must stay bounded (gateway/h2_closed_streams.py), not grow to
+    closed stream ended must stay bounded (gateway/listeners/h2_closed_streams.py), not grow to
     h2's 65,536 entries per connection."""
     calls = CLOSED_STREAMS_KEPT + 40
 

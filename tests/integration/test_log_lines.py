@@ -1,7 +1,7 @@
 """Operator log lines (SPEC_INDEX section 8) that only a node produces: a request process of the
 agent plane writes them, through the plane's warn limiter. Each test triggers the condition over
 the wire and finds the line, its level and, where the seed limits it, the suppressed-count
-suffix. The table of every line and its test is in tests/unit/test_log_lines.py.
+suffix. The table of every line and its test is in tests/unit/gateway/agent/test_log_lines.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.agent_register import REGISTRY_UNAVAILABLE_LOG
+from gateway.agent.register import REGISTRY_UNAVAILABLE_LOG
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import SupervisorError, terminate_child
 from tests.integration.test_agent_plane import Metrics, agents, gateway, refused, run, until

@@ -20,10 +20,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.router import ROUTER_NAME
-from actors.sessions import agent_session
+from actors.registry.sessions import agent_session
+from actors.router.actor import ROUTER_NAME
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.node import Node
+from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt

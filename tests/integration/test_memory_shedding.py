@@ -1,5 +1,5 @@
 """Memory shedding on a real node (`running_node`, in this process) whose memory reader is a fake
-the test drives (`gateway.memory_reader.READER`, swapped before the node starts).
+the test drives (`gateway.node.memory_reader.READER`, swapped before the node starts).
 
 What crosses a wire is what is checked: a new TCP connection to the agent port is refused while
 an established grpcio channel keeps getting answers; `/readyz` is 503 naming the checks, then 200;
@@ -20,9 +20,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from gateway import memory_reader
-from gateway.node import Node
-from gateway.refusal import BootRefused
+from gateway.node import memory_reader
+from gateway.node.node import Node
+from gateway.node.refusal import BootRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.node import TEST_CONFIG, http_get, running_node
 

@@ -30,7 +30,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from gateway.console_paths import alive
+from gateway.console.paths import alive
 from gateway.devstack.fake_upstream import FakeUpstream
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt_pb2

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from actors.core.breaker import State
 from actors.core.notify_store import Event
-from actors.sessions import OWNERS_TABLE
-from actors.upstream import breaker_view
-from actors.upstream_messages import ForwardGuardian, Notify
+from actors.registry.sessions import OWNERS_TABLE
+from actors.upstream.actor import breaker_view
+from actors.upstream.api import ForwardGuardian, Notify
 from gateway.devstack.fake_upstream import Call, FakeUpstream
 from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2

@@ -19,12 +19,12 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame
 
 from actors.core.overload_goaway import GRACE_S, TICK_S
+from gateway.agent.retry_hint import OVERLOADED_HINT_MS, PUSHBACK_HEADER
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.listener_actor import actor_name
 from gateway.listeners.metrics import GOAWAY_REASONS
 from gateway.listeners.server import ListenerServer
-from gateway.node import Node
-from gateway.retry_hint import OVERLOADED_HINT_MS, PUSHBACK_HEADER
+from gateway.node.node import Node
 from tests.integration.test_agent_plane import until
 from tests.integration.test_goaway import Frames
 from tests.integration.test_listener import RawH2, Started, listener_test, start

@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import pytest
 
-from actors.agent_sup import AGENT_SUP_NAME
-from actors.owner_table import owner_row
-from actors.router import ROUTER_NAME
-from actors.router_messages import RouteCommand
+from actors.agents.owner_table import owner_row
+from actors.agents.sup import AGENT_SUP_NAME
+from actors.router.actor import ROUTER_NAME
+from actors.router.api import RouteCommand
+from gateway.agent.retry_hint import PUSHBACK_HEADER
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.node import Node
-from gateway.retry_hint import PUSHBACK_HEADER
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.reason import ExitReason

@@ -20,13 +20,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from actors.owner_table import owner_row
-from actors.stop_messages import RoutingStopped, StopAdmitting, StopRouting
-from gateway.boot import prepare
+from actors.agents.owner_table import owner_row
+from actors.node.stop import RoutingStopped, StopAdmitting, StopRouting
+from gateway.agent.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.node import Node
-from gateway.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
+from gateway.node.boot import prepare
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration.test_agent_plane import Agent, until
 from tests.integration.test_owner_recovery import route

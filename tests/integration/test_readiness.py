@@ -21,9 +21,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from gateway import memory_reader
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.node import Node
+from gateway.node import memory_reader
+from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import restart_child, terminate_child
 from tests.support.node import TEST_CONFIG, http_get, running_node

@@ -23,7 +23,7 @@ import attrs
 import pytest
 
 # A zombie counts as gone: whoever inherited the detached node may reap it late.
-from gateway.console_paths import alive as _alive
+from gateway.console.paths import alive as _alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

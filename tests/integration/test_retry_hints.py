@@ -1,5 +1,5 @@
 """Retry hints on the wire: a refusal the gateway answers itself carries `grpc-retry-pushback-ms`
-in its trailers, in its kind's range and jittered (gateway/retry_hint.py, docs/agent-plane.md
+in its trailers, in its kind's range and jittered (gateway/agent/retry_hint.py, docs/agent-plane.md
 "Retry hints"). grpcio agents and operators against a real node whose upstream is the fake server.
 """
 
@@ -12,8 +12,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.router import ROUTER_NAME
-from gateway.retry_hint import (
+from actors.router.actor import ROUTER_NAME
+from gateway.agent.retry_hint import (
     BREAKER_HINT_MS,
     CAPACITY_HINT_MS,
     PUSHBACK_HEADER,

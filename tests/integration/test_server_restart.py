@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY, Call, FakeUpstream
-from gateway.node import Node
+from gateway.node.node import Node
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.integration.test_agent_plane import Agent, Metrics, gateway, run
 

@@ -17,13 +17,13 @@ import pytest
 
 from actors.core.breaker import ResultKind, State
 from actors.core.permits import Caller
-from actors.upstream import breaker_view
-from actors.upstream_regulator import GetPermits, PermitSnapshot
+from actors.upstream.actor import breaker_view
+from actors.upstream.channel import UpstreamCallError
+from actors.upstream.methods import PROXY_REGISTER
+from actors.upstream.regulator import GetPermits, PermitSnapshot
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.upstream.api import UpstreamCallError
 from gateway.upstream.calls import UpstreamRefused
 from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
-from gateway.upstream.methods import PROXY_REGISTER
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import UpstreamActors, start_upstream_actors, upstream_context

@@ -18,15 +18,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from actors.core.breaker import ResultKind
+from actors.upstream import methods
+from actors.upstream.channel import UpstreamCallError
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.context import NodeContext
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.h2_closed_streams import CLOSED_STREAMS_KEPT
-from gateway.upstream import methods
-from gateway.upstream.api import UpstreamCallError
+from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
+from gateway.node.context import NodeContext
 from gateway.upstream.channel import UpstreamChannel
 from gateway.upstream.channel_actor import (
     READINESS_CHECK,
@@ -422,7 +422,8 @@ def test_no_limit_declared_is_zero() -> None:
 
 def test_a_connection_remembers_a_bounded_number_of_closed_streams() -> None:
     """An upstream connection opens a stream per call of the whole node for weeks: h2's record
-    of how each closed stream ended stays bounded (gateway/h2_closed_streams.py) instead of
+    of how each closed stream ended stays bounded (gateway/listeners/h2_closed_streams.py) instead
+    of
     growing to h2's 65,536 entries per connection."""
 
     async def body() -> None:

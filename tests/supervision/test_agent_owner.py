@@ -5,7 +5,8 @@ gateway-asserted agent id, a stuck stream, a refused registration, crashes, kill
 intensity from the configuration (SPEC_INDEX OC-01, OC-02, OC-07; seed "Subscribe Stream Proxy",
 "Stream Status Notification", "When an agent's owner process crashes").
 
-The lifecycle's rules are proved in tests/unit/test_owner_lifecycle.py; these tests check the
+The lifecycle's rules are proved in tests/unit/actors/core/test_owner_lifecycle.py; these tests
+check the
 wiring.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import attrs
 from grpclib.const import Status
 
-from actors.agent_messages import (
+from actors.agents.api import (
     AgentFrame,
     DeliverCommand,
     OwnerArgs,
@@ -26,24 +27,18 @@ from actors.agent_messages import (
     StreamEnd,
     StreamHandle,
 )
-from actors.agent_owner import AgentOwner
-from actors.agent_sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
+from actors.agents.owner import AgentOwner
+from actors.agents.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
+from actors.agents.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
+from actors.agents.sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
 from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
     REFUSED_DETAILS,
     STOPPING_DETAILS,
     STUCK_DETAILS,
 )
-from actors.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
-from actors.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
-from actors.recovery_messages import (
-    DisconnectSettled,
-    PresentSession,
-    SessionPresented,
-    SettleDisconnected,
-)
-from actors.registry import Registry, RegistryArgs
-from actors.registry_messages import (
+from actors.registry.actor import Registry, RegistryArgs
+from actors.registry.api import (
     Commit,
     Committed,
     ConnectionDown,
@@ -52,8 +47,14 @@ from actors.registry_messages import (
     Taken,
     TakePending,
 )
-from actors.sessions import REGISTRY_NAME, admit, session_of
-from actors.upstream_messages import ForwardGuardian, Notify
+from actors.registry.sessions import REGISTRY_NAME, admit, session_of
+from actors.upstream.api import ForwardGuardian, Notify
+from actors.upstream.recovery_messages import (
+    DisconnectSettled,
+    PresentSession,
+    SessionPresented,
+    SettleDisconnected,
+)
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.api import count_children, start_child, terminate_child
@@ -348,7 +349,8 @@ def present_requests(t: Tree) -> list[PresentSession]:
 
 @actor_test
 async def test_a_crashed_owners_restart_recovers_the_session_on_the_same_stream(h: Harness):
-    # The recovery's wiring (docs/owner-recovery.md); the rules: tests/unit/test_owner_recovery.py.
+    # The recovery's wiring (docs/owner-recovery.md); the rules:
+    # tests/unit/actors/core/test_owner_recovery.py.
     t = tree(h)
     owner, stream = await t.owner()
     home = h.instance(owner).stream_home_id

@@ -12,9 +12,9 @@ import asyncio
 from thespian.actors import ActorExitRequest
 
 from actors.core.heartbeat_buffer import HeartbeatBuffer, HeartbeatPolicy
-from actors.heartbeat_buffer import NAME, HeartbeatBufferActor
-from actors.heartbeat_messages import BufferHeartbeat
-from gateway.context import NodeContext
+from actors.heartbeat.api import BufferHeartbeat
+from actors.heartbeat.buffer import NAME, HeartbeatBufferActor
+from gateway.node.context import NodeContext
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.address import Address

@@ -1,16 +1,17 @@
-"""A restarted owner's recovery deadline (actors/agent_owner.py, RECOVERY_DEADLINE_S): armed
+"""A restarted owner's recovery deadline (actors/agents/owner.py, RECOVERY_DEADLINE_S): armed
 while the session is being recovered, cancelled once it is recovered, so a mass kill does not
 leave one timer per owner to arrive as a message 10 s later. The deadline's own rules (what it
-ends, and that it changes nothing once streaming) are in tests/unit/test_owner_recovery.py.
+ends, and that it changes nothing once streaming) are in
+tests/unit/actors/core/test_owner_recovery.py.
 """
 
 from __future__ import annotations
 
-from actors import agent_owner
-from actors.agent_messages import StreamEnd
+from actors.agents import owner as agent_owner
+from actors.agents.api import StreamEnd
+from actors.agents.owner_table import owner_row
 from actors.core.owner_lifecycle import RECOVERY_FAILED_DETAILS
-from actors.owner_table import owner_row
-from actors.recovery_messages import DisconnectSettled, SessionPresented
+from actors.upstream.recovery_messages import DisconnectSettled, SessionPresented
 from supervisors.address import Address
 from tests.supervision.test_agent_owner import UNAVAILABLE, drain, tree
 from tests.support.actors import Harness, actor_test

@@ -2,7 +2,8 @@
 reservations, the same-agent rule, owners monitored, the sweeps, heartbeat admission, and what a
 registry kill or restart means (SPEC_INDEX PEND-01..08, ADM-01..09, ADM-13).
 
-The cores' rules are proved in tests/unit/test_reservations.py and test_pending.py; these tests
+The cores' rules are proved in tests/unit/actors/core/test_reservations.py and test_pending.py;
+these tests
 check the wiring: that one message does the whole atomic step, that the tables say what the
 cores hold, and that the tables die with the actor.
 """
@@ -16,9 +17,9 @@ import pytest
 
 from actors.core.pending import PendingPolicy
 from actors.core.reservations import SlotPolicy
-from actors.registration import RegistryUnavailable, SlotRefused, reserve_slot
-from actors.registry import Registry, RegistryArgs, registry_child_spec
-from actors.registry_messages import (
+from actors.node.readiness import Readiness
+from actors.registry.actor import Registry, RegistryArgs, registry_child_spec
+from actors.registry.api import (
     SUPERSEDED_LOG,
     Commit,
     CommitRefused,
@@ -39,7 +40,8 @@ from actors.registry_messages import (
     TakeRefused,
     Unregister,
 )
-from actors.sessions import (
+from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
+from actors.registry.sessions import (
     AGENTS_TABLE,
     CONNECTIONS_TABLE,
     OWNERS_TABLE,
@@ -55,7 +57,6 @@ from actors.sessions import (
     readiness_checks,
     session_of,
 )
-from gateway.readiness import Readiness
 from supervisors.errors import TableGone
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 from tests.support.actors import Child, Crash, Exit, Harness, actor_test

@@ -9,8 +9,8 @@ import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gateway.boot import prepare
-from gateway.node import Node
+from gateway.node.boot import prepare
+from gateway.node.node import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_CONFIG = ROOT / "sys_config" / "test.config"

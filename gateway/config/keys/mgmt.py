@@ -1,9 +1,9 @@
 """Keys of management peer authorisation (seed: "Authorizing the server by its identity",
 "Certificate rotation and expiry"; SPEC_INDEX C70-C74). No `YUZU_GW_*` variable maps to any.
 
-The converters (gateway/mgmt_auth/settings.py) refuse an unreadable value with the seed's
+The converters (gateway/mgmt/auth/settings.py) refuse an unreadable value with the seed's
 `{bad_mgmt_peer_*,V}` term; the whole-config rules are the boot check in `CHECKS`
-(gateway/mgmt_auth/boot.py). After that check, `config[MGMT_PEER_IDENTITY]` is the identity the
+(gateway/mgmt/auth/boot.py). After that check, `config[MGMT_PEER_IDENTITY]` is the identity the
 management streams are matched against: the stated one, or the one derived from the management
 listener's cacertfile, or None when it is unresolved or not used (mode pin)."""
 
@@ -17,9 +17,9 @@ from gateway.config.converters import IntRange
 from gateway.config.keys import listeners as listener_keys
 from gateway.config.schema import Check, Key, Refuse
 from gateway.config.terms import Atom
-from gateway.mgmt_auth.boot import check_at_boot
-from gateway.mgmt_auth.reasons import Mode
-from gateway.mgmt_auth.settings import (
+from gateway.mgmt.auth.boot import check_at_boot
+from gateway.mgmt.auth.reasons import Mode
+from gateway.mgmt.auth.settings import (
     BAD_DENIED,
     BAD_IDENTITY,
     BAD_MODE,
@@ -108,7 +108,7 @@ MGMT_PEER_DENIED: Key[tuple[DeniedSerial, ...]] = Key(
 
 
 def check_peer_authorization(config: Config, env: Mapping[str, str]) -> Config:
-    """The boot check (gateway/mgmt_auth/boot.py): refuses, logs, and leaves the resolved
+    """The boot check (gateway/mgmt/auth/boot.py): refuses, logs, and leaves the resolved
     identity in `MGMT_PEER_IDENTITY`."""
     outcome = check_at_boot(
         config[MGMT_PEER_AUTH_MODE],

@@ -1,0 +1,66 @@
+"""Messages between the router and the `cluster` actor (gateway/cluster/actor.py).
+
+    router -> cluster   ForwardCommand(command, agent_ids, deadline, reply_to)  not held here
+    cluster -> router   CommandAnswer / CommandFailed, as an owner sends them   per target
+    router -> cluster   ForgetCommand(command_id)                                the command ended
+    link -> cluster     PeerFrame / PeerEnded per forwarded command, LinkEnded once
+                        (gateway/cluster/commands.py, told from the link's own task)
+
+`LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router: routed to
+this node's agents only (never forwarded again, so a command cannot loop between nodes), and a
+target not held here is answered to the forwarding node as "not held", not `not_connected`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from actors.router.api import RouteCommand
+from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+
+__all__ = ["ForwardCommand", "LinkEnded", "LocalRouteCommand", "PeerEnded", "PeerFrame"]
+
+
+@attrs.frozen(eq=False)
+class LocalRouteCommand(RouteCommand):
+    """A RouteCommand for this node's agents only (module doc)."""
+
+
+@attrs.frozen(eq=False)
+class ForwardCommand:
+    """Tell: ask the peers for `agent_ids`; answers go to `reply_to` until `deadline` (loop
+    clock). The command is never logged (its parameters may be secrets)."""
+
+    command: agent_pb2.CommandRequest = attrs.field(repr=False)
+    agent_ids: tuple[str, ...] = attrs.field(repr=False)
+    deadline: float
+    reply_to: Address
+
+
+@attrs.frozen(eq=False)
+class PeerFrame:
+    """One frame of a peer's answer to forwarded command `seq`; `peer` is the link."""
+
+    seq: int
+    peer: object
+    agent_id: str = attrs.field(repr=False)
+    response: agent_pb2.CommandResponse | None = attrs.field(repr=False)
+
+
+@attrs.frozen
+class PeerEnded:
+    """The peer has no more word on forwarded command `seq` (its router ended, it refused)."""
+
+    seq: int
+    peer: object
+
+
+@attrs.frozen
+class LinkEnded:
+    """The link's command stream is over (the peer left, the connection broke, the link was
+    closed); `refused` when this node refused a frame of the peer (its MAC or sequence number).
+    """
+
+    peer: object
+    refused: bool = False

@@ -1,0 +1,58 @@
+"""ReportInventory: a request process (seed: "Inventory Proxy", "Heartbeat admission" >
+ReportInventory, "Known limits"; SPEC_INDEX S21-S23, ADM-12).
+
+1. A report whose text is not valid UTF-8 cannot be decoded: refused locally, INTERNAL
+   (`receive`).
+2. Admission, the heartbeat's rule on `InventoryReport.session_id`, before any permit is asked
+   for, so a peer that never registered cannot hold the inventory permits or their queue:
+   refused is NOT_FOUND "unknown session", `yuzu_gw_inventory_rejected_total{reason}` (a
+   connection mismatch included) and a warn-limited WARNING without the session id. No audit
+   row: there is no principal to attribute one to.
+3. A report larger than the server's 4194304-byte receive limit is refused locally, INTERNAL
+   (`refuse_oversize`). A daily sync can reach about 5.6 MiB; the agent retries at its own 30 s
+   floor. Neither local refusal calls upstream or moves the breaker.
+4. ProxyInventory with an `inventory` permit; the server's answer relayed as is. Breaker open,
+   queue full, deadline, planned stop: UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from grpclib.server import Stream
+
+from actors.core.breaker import Lane
+from actors.core.permits import Caller
+from actors.registry.sessions import UNKNOWN_SESSION_DETAILS, admit
+from actors.upstream.methods import PROXY_INVENTORY
+from gateway.agent.plane import AgentPlane, conn_key, receive, refuse_oversize
+from gateway.agent.register import proxy_call
+from gateway.agent.status import not_found
+from protos.yuzu.agent.v1 import agent_pb2
+
+__all__ = ["report_inventory"]
+
+
+async def report_inventory(
+    plane: AgentPlane, stream: Stream[agent_pb2.InventoryReport, agent_pb2.InventoryAck]
+) -> None:
+    report = await receive(plane, stream, Lane.INVENTORY, PROXY_INVENTORY)
+    reason = admit(plane.runtime, report.session_id, conn_key())
+    if reason is not None:
+        plane.metrics.inventory_refused(reason)
+        plane.warn(
+            "inventory_admission",
+            "ReportInventory refused before forwarding: no session held on this connection"
+            f" ({reason})",
+        )
+        raise not_found(UNKNOWN_SESSION_DETAILS)
+    refuse_oversize(plane, report, Lane.INVENTORY, PROXY_INVENTORY)
+    ack = await proxy_call(
+        plane,
+        stream,
+        report,
+        agent_pb2.InventoryAck,
+        caller=Caller.INVENTORY,
+        method=PROXY_INVENTORY,
+        rpc="ReportInventory",
+        warn_kind="inventory_upstream",
+    )
+    await stream.send_message(ack)

@@ -1,0 +1,170 @@
+"""What every handler of the AgentService shares: the node's runtime, the upstream call path,
+the metrics, one warn limiter, and the two rules every method follows.
+
+- **One request message.** `receive` reads a unary request. A request the gateway cannot take
+  (not valid protobuf, text that is not valid UTF-8: the codec refuses it while decoding), and
+  (`refuse_oversize`) one larger than the server's receive limit, is refused, INTERNAL, before
+  any upstream call, and the refusal is told to the `upstream` actor as a local encoding
+  failure: counted in `yuzu_gw_upstream_rpc_errors_total{code="encode"}`, logged through its
+  limiter, and neutral to the breaker (seed: "Known limits"; SPEC_INDEX S11, S12, S23).
+- **One line per crash.** `guarded` wraps each handler: any exception that is not a status the
+  handler chose is answered INTERNAL with one ERROR line naming the method, the exception class
+  and the top frame only. grpclib's own handler would log the whole traceback (its locals can
+  hold an enrolment token) and answer UNKNOWN (seed: "A refused Subscribe ends with its own
+  status"; SPEC_INDEX S18). A `HintedRefusal` is answered with its retry hint in the trailers
+  (gateway/agent/retry_hint.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import attrs
+import h2.exceptions
+from google.protobuf.message import DecodeError, Message
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.server import Stream
+
+from actors.core.breaker import Lane, ResultKind
+from actors.core.warn_limit import WarnLimiter
+from actors.upstream.actor import NAME as UPSTREAM
+from actors.upstream.actor import Outcome, breaker_view
+from gateway.agent.metrics import AgentMetrics
+from gateway.agent.retry_hint import HintedRefusal, send_refusal
+from gateway.agent.status import internal
+from gateway.config import Config
+from gateway.listeners.connection import current_call
+from gateway.upstream.calls import UpstreamCalls
+from supervisors.reason import ExitReason
+from supervisors.runtime import LoopSystemBase
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "AgentPlane",
+    "conn_key",
+    "crashed",
+    "failed",
+    "guarded",
+    "receive",
+    "refuse_oversize",
+]
+
+log = logging.getLogger("yuzu_gw.agent")
+
+# The server's gRPC receive limit (K03), not raised: a request the gateway would forward over
+# it is refused here instead of being answered RESOURCE_EXHAUSTED by the server.
+MAX_REQUEST_BYTES = 4_194_304
+
+M = TypeVar("M", bound=Message)
+Handler = Callable[[Any, Stream[Any, Any]], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class AgentPlane:
+    """One per node, built with the root supervisor's spec (so the summary-line state exists
+    before the listeners start, as the seed requires)."""
+
+    runtime: LoopSystemBase
+    config: Config
+    calls: UpstreamCalls
+    metrics: AgentMetrics
+    # One line per second per kind, shared by every request process of the node.
+    limiter: WarnLimiter = attrs.field(factory=WarnLimiter)
+
+    def now(self) -> float:
+        return self.runtime.loop.time()
+
+    def warn(self, kind: object, line: str) -> None:
+        """A warn-limited WARNING: the first of a kind at once, then one per second with a
+        count of the lines held back."""
+        suffix = self.limiter.admit(kind, self.now())
+        if suffix is not None:
+            log.warning("%s%s", line, suffix)
+
+    def local_refusal(self, lane: Lane, method: str, detail: str) -> None:
+        """Tell the upstream actor about a request refused before it was sent: its error
+        counter and log line, and no move of the breaker (an encode result is neutral)."""
+        view = breaker_view(self.runtime)
+        upstream = self.runtime.whereis(UPSTREAM)
+        if view is None or upstream is None:
+            return
+        outcome = Outcome(
+            view.incarnation, view.epoch, lane, method, ResultKind.ENCODE, None, detail
+        )
+        self.runtime.tell(upstream, outcome)
+
+
+def conn_key() -> int | None:
+    """The HTTP/2 connection of the call being served; None outside a listener's handler
+    (admission then answers `no_connection`)."""
+    try:
+        return current_call().connection.key
+    except LookupError:
+        return None
+
+
+async def receive(
+    plane: AgentPlane, stream: Stream[M, Any], lane: Lane | None, upstream_method: str = ""
+) -> M:
+    """The one request message of a unary call (module doc). `lane` names the upstream call the
+    request is for; None when it is not forwarded as is (Heartbeat)."""
+    try:
+        request = await stream.recv_message()
+    except DecodeError:
+        if lane is not None:
+            plane.local_refusal(lane, upstream_method, "request not decodable (invalid UTF-8?)")
+        raise internal("request cannot be decoded") from None
+    if request is None:
+        raise internal("no request message")
+    return request
+
+
+def refuse_oversize(plane: AgentPlane, request: Message, lane: Lane, upstream_method: str) -> None:
+    """A request the gateway would send over the server's receive limit (module doc)."""
+    if request.ByteSize() > MAX_REQUEST_BYTES:
+        plane.local_refusal(lane, upstream_method, "request_too_large")
+        raise internal("request larger than 4194304 bytes")
+
+
+def crashed(method: str, exc: BaseException) -> GRPCError:
+    """Log the one line a failed call gets (method, class, top frame: never the message, the
+    request or the context) and return the INTERNAL to answer with."""
+    reason = ExitReason.crash(exc)
+    log.error("%s failed: %s at %s", method, reason.exc_class, reason.frame or "?")
+    return internal("Internal error")
+
+
+def failed(method: str, reason: str) -> GRPCError:
+    """The same one line for a failure that is not an exception (a named actor is not
+    running): `<method> failed: <reason>`."""
+    log.error("%s failed: %s", method, reason)
+    return internal("Internal error")
+
+
+def guarded(method: str) -> Callable[[Handler], Handler]:
+    """Answer any unexpected failure of the handler INTERNAL, with one line (module doc)."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def run(self: Any, stream: Stream[Any, Any]) -> None:
+            try:
+                try:
+                    await handler(self, stream)
+                except HintedRefusal as refusal:
+                    await send_refusal(stream, refusal)
+            except (GRPCError, asyncio.CancelledError, StreamTerminatedError):
+                raise
+            except h2.exceptions.StreamClosedError:
+                # The agent reset the stream or the connection went: nobody reads an answer.
+                raise GRPCError(Status.CANCELLED, "stream closed") from None
+            except Exception as exc:
+                raise crashed(method, exc) from None
+
+        return run
+
+    return wrap

@@ -1,0 +1,380 @@
+"""`cluster`: membership, the inter-node transport and the forwarding of commands (seed:
+"Gateway Clustering"; docs/cluster.md).
+
+A permanent child of `gateway_sup`, after the router. It
+
+1. serves `ClusterService` (gateway/cluster/transport.py) on `cluster_port` of the node name's
+   host, the advertise address, and nowhere else; a port it cannot bind is logged and tried
+   again every round: the node serves alone meanwhile (fail-open);
+2. runs the membership rounds of gateway/cluster/membership.py every
+   `cluster_redial_interval_ms`: resolves the seeds, dials and challenges new peers, probes the
+   links that are up, and publishes the links that are up in the public table `cluster_links`
+   (actors/cluster/peers.py), which the router and the management plane read;
+3. forwards the commands the router could not deliver here (`ForwardCommand`) to every
+   connected peer, each on its link's command stream (gateway/cluster/commands.py), merges
+   their answers (gateway/cluster/merge.py) and sends them to the router as an owner would
+   (`CommandAnswer`, `CommandFailed`); `ForgetCommand` tells the peers to forget it. A link
+   whose stream ends (`LinkEnded`) is down at once: its commands' unanswered targets settle
+   `agent_disconnected` and the next round dials it again.
+
+Never logged: the cookie, commands, agent ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+from google.protobuf import empty_pb2
+from thespian.actors import WakeupMessage
+
+from actors.agents.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
+from actors.cluster.api import ForwardCommand, LinkEnded, PeerEnded, PeerFrame
+from actors.cluster.peers import CLUSTER_NAME, LINKS_TABLE, connected_links
+from actors.core.warn_limit import WarnLimiter
+from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
+from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
+from gateway.cluster.metrics import cluster_metrics
+from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
+from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
+from gateway.config.keys.cluster import (
+    CLUSTER_MAX_LIFETIME_ADDRS,
+    CLUSTER_PORT,
+    CLUSTER_REDIAL_INTERVAL_MS,
+    CLUSTER_SEED_DNS_NAME,
+    CLUSTER_SEED_NODES,
+)
+from gateway.mgmt.metrics import mgmt_metrics
+from gateway.mgmt.plane import MgmtPlane
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2 as mgmt
+from supervisors.messages import WorkerDone
+from supervisors.process import Process
+from supervisors.reason import ExitReason
+from supervisors.supervisor import ChildSpec
+
+if TYPE_CHECKING:
+    from gateway.node.context import NodeContext
+
+__all__ = ["CLUSTER_NAME", "Cluster", "cluster_child_spec"]
+
+log = logging.getLogger("yuzu_gw.cluster")
+
+_ROUND = "cluster_round"
+_SERVE = "cluster_serve"
+_RESOLVE = "cluster_resolve"
+# A dial (connect + challenge) or a probe gets at most this long, and never more than a round.
+DIAL_TIMEOUT_S = 5.0
+# A forwarded command's peers get this much past the origin's deadline, so the origin's own
+# timer, not the peer's, decides TIMEOUT; a command still unanswered past it (its router went
+# without a ForgetCommand) is settled at the next round and the peers told to forget it.
+FORWARD_SLACK_S = 2.0
+_RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+
+
+def cluster_child_spec(ctx: NodeContext) -> ChildSpec:
+    return ChildSpec(CLUSTER_NAME, Cluster, ctx, restart="permanent", name=CLUSTER_NAME)
+
+
+@attrs.define(eq=False)
+class _Remote:
+    """One forwarded command: its merge (peers are the links it went to) and its deadline."""
+
+    command_id: str
+    reply_to: Any
+    merge: RemoteMerge
+    links: tuple[PeerLink, ...]
+    expires: float
+
+
+class Cluster(Process):
+    def init(self, args: NodeContext) -> None:
+        ctx = args
+        config = ctx.config
+        self.ctx = ctx
+        node = ctx.node
+        self.host = node.name.split("@", 1)[1]
+        self.port = config[CLUSTER_PORT]
+        # Port 0 (tests) is a free port no peer can be told: a host's ports are then unknown.
+        ports = (
+            host_ports(self.port, node.index, node.host_nodes)
+            if self.port
+            else (DEFAULT_CLUSTER_PORT,)
+        )
+        self.host_ports = ports
+        self.seeds = tuple(
+            addr for entry in config[CLUSTER_SEED_NODES] for addr in expand_seed(entry, ports)
+        )
+        # The other nodes of this host are peers whatever the discovery finds: the release
+        # started them, and the shared management port can hand an operator to any of them.
+        self.siblings = tuple(PeerAddr(self.host, p) for p in ports if self.port and p != self.port)
+        self.dns_name = config[CLUSTER_SEED_DNS_NAME]
+        interval_s = config[CLUSTER_REDIAL_INTERVAL_MS] / 1000
+        self.interval_s = interval_s
+        self.membership = Membership(interval_s, config[CLUSTER_MAX_LIFETIME_ADDRS])
+        self.node_id = secrets.token_hex(16)
+        self.cookie = ctx.node.cookie
+        self.metrics = cluster_metrics(ctx.registry)
+        self.links = self.new_table(LINKS_TABLE, "public")
+        self.pending: dict[PeerAddr, PeerLink] = {}
+        self.limiter = WarnLimiter()
+        plane = MgmtPlane(runtime=self.runtime, metrics=mgmt_metrics(ctx.registry))
+        self.server = ClusterServer(
+            ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc)
+        )
+        self.serving = False
+        self.binding = False
+        self.remotes: dict[int, _Remote] = {}
+        self.seq = 0
+        self.forwarded = 0
+        self._bind()
+        self._round()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:
+        match msg:
+            case WakeupMessage(payload=payload) if payload == _ROUND:
+                self._round()
+            case WorkerDone(tag=tag):
+                self._worker_done(tag, msg)
+            case ForwardCommand():
+                self._forward(msg)
+            case PeerFrame(seq=seq, peer=peer, agent_id=agent_id, response=response):
+                remote = self.remotes.get(seq)
+                if remote is not None:
+                    final = response is None or response.status != _RUNNING
+                    held = response is not None
+                    effects = remote.merge.frame(peer, agent_id, held, final)
+                    self._apply(seq, remote, effects, response)
+            case PeerEnded(seq=seq, peer=peer):
+                remote = self.remotes.get(seq)
+                if remote is not None:
+                    self._apply(seq, remote, remote.merge.peer_ended(peer))
+            case LinkEnded(peer=peer, refused=refused):
+                self._link_ended(cast(PeerLink, peer), refused)
+            case ForgetCommand(command_id=command_id):
+                for seq, remote in list(self.remotes.items()):
+                    if remote.command_id == command_id:
+                        self._drop(seq, remote, forget=True)
+            case _:
+                pass
+
+    def terminate(self, reason: ExitReason) -> None:
+        self.remotes.clear()
+        if self.serving:
+            # The node leaves the cluster: the peers' calls to it fail now, not at a deadline.
+            self.server.leave()
+        for link in [*self.links.values(), *self.pending.values()]:
+            link.close()
+        self.metrics.connected.set(0)
+
+    def format_status(self) -> Mapping[str, Any]:
+        return {
+            "serving": self.serving,
+            "peers_resolved": self.membership.peers_resolved,
+            "peers_connected": self.membership.peers_connected,
+            "addresses_over_cap": self.membership.capped,
+            "forwarded_commands": self.forwarded,
+            "forwards_in_flight": len(self.remotes),
+        }
+
+    # -- the transport -------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        if self.serving or self.binding:
+            return
+        self.binding = True
+        self.run_worker(self._serve(), _SERVE)
+
+    async def _serve(self) -> int:
+        await self.server.start(self.host, self.port)
+        return self.server.bound_port(self.port)
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def _round(self) -> None:
+        self._bind()
+        self._perform(self.membership.tick(self.now()))
+        self._expire()
+        self.wakeupAfter(self.interval_s, _ROUND)
+
+    def _perform(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Resolve():
+                    self.run_worker(self._resolve(), _RESOLVE)
+                case Dial(addr=addr):
+                    link = PeerLink(addr, self.cookie, self.node_id)
+                    self.pending[addr] = link
+                    self.run_worker(link.dial(self._dial_timeout(), self._tell), ("dial", addr))
+                case Probe(addr=addr):
+                    probe = self.links.get(addr)
+                    if probe is not None:
+                        call = probe.unary(
+                            "Ping", empty_pb2.Empty(), empty_pb2.Empty, self._dial_timeout()
+                        )
+                        self.run_worker(call, ("probe", addr))
+
+    def _tell(self, msg: object) -> None:
+        """A link's answers, told from its own task."""
+        self.runtime.tell(self.myAddress, msg)
+
+    def _dial_timeout(self) -> float:
+        return min(DIAL_TIMEOUT_S, self.interval_s)
+
+    async def _resolve(self) -> list[PeerAddr]:
+        found = list(self.seeds) if self.seeds else await self._dns_peers()
+        return list(dict.fromkeys((*self.siblings, *found)))
+
+    async def _dns_peers(self) -> list[PeerAddr]:
+        """The seed name's A records, each a host running nodes on this host's ports."""
+        try:
+            async with asyncio.timeout(self.interval_s):
+                infos = await self.loop.getaddrinfo(
+                    self.dns_name, None, family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError, UnicodeError):
+            return []
+        hosts = dict.fromkeys(str(info[4][0]) for info in infos)
+        return [PeerAddr(host, port) for host in hosts for port in self.host_ports]
+
+    def _worker_done(self, tag: Any, done: WorkerDone) -> None:
+        error = done.error
+        match tag:
+            case "cluster_serve":
+                self.binding = False
+                if error is None:
+                    self.serving = True
+                    self.ctx.record_bound("cluster", (self.host, int(done.result)))
+                    log.info("Cluster transport listening on %s:%s", self.host, done.result)
+                else:
+                    self._warn(
+                        "bind",
+                        "Cluster transport cannot listen on %s:%s (%s); serving alone, trying"
+                        " again every round",
+                        self.host,
+                        self.port,
+                        type(error).__name__,
+                    )
+            case "cluster_resolve":
+                addrs = cast(list[PeerAddr], done.result or [])
+                self._perform(self.membership.resolved(addrs))
+                self.metrics.resolved.set(self.membership.peers_resolved)
+            case ("dial", addr):
+                link = self.pending.pop(addr)
+                outcome = cast(DialOutcome, done.result if error is None else "failed")
+                if outcome == "up" and link.ended:
+                    outcome = "failed"  # its stream broke before this was read: not up
+                if self.membership.dialed(addr, outcome):
+                    self.links.insert(addr, link)
+                    log.info("Cluster peer %s connected", addr)
+                else:
+                    link.close()
+                    if outcome == "refused":
+                        self.metrics.refused.inc()
+                        self._warn(
+                            ("refused", addr),
+                            "Cluster peer %s refused: its proof does not match this node's cookie",
+                            addr,
+                        )
+                self._gauges()
+            case ("probe", addr):
+                if self.membership.probed(addr, error is None):
+                    self._link_down(addr)
+            case _:
+                pass
+
+    def _link_down(self, addr: PeerAddr) -> None:
+        link = self.links.get(addr)
+        if link is not None:
+            self.links.delete(addr)
+            link.close()
+            log.warning("Cluster peer %s lost", addr)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.resolved.set(self.membership.peers_resolved)
+        self.metrics.connected.set(self.membership.peers_connected)
+
+    def _warn(self, kind: object, line: str, *args: object) -> None:
+        suffix = self.limiter.admit(kind, self.now())
+        if suffix is not None:
+            log.warning(line + "%s", *args, suffix)
+
+    # -- forwarded commands --------------------------------------------------------------------
+
+    def _forward(self, msg: ForwardCommand) -> None:
+        links = connected_links(self.runtime)
+        command_id = msg.command.command_id
+        if not links:
+            for agent_id in msg.agent_ids:
+                self.send(msg.reply_to, CommandFailed(agent_id, command_id, _NOT_CONNECTED))
+            return
+        self.seq += 1
+        self.forwarded += 1
+        seq = self.seq
+        remaining = msg.deadline - self.now()
+        request = mgmt.SendCommandRequest(
+            agent_ids=msg.agent_ids,
+            command=msg.command,
+            timeout_seconds=max(1, math.ceil(remaining)) + 1,
+        )
+        merge = RemoteMerge(msg.agent_ids, links)
+        expires = msg.deadline + FORWARD_SLACK_S
+        self.remotes[seq] = _Remote(command_id, msg.reply_to, merge, tuple(links), expires)
+        for link in links:
+            link.forward(seq, request)
+
+    def _link_ended(self, link: PeerLink, refused: bool) -> None:
+        """The link's command stream is over: every command on it has its last word from that
+        peer now, and the link is down (the next round dials it again)."""
+        if refused:
+            self.metrics.refused.inc()
+        for seq, remote in list(self.remotes.items()):
+            if link in remote.links:
+                self._apply(seq, remote, remote.merge.peer_ended(link))
+        if self.links.get(link.addr) is link and self.membership.lost(link.addr):
+            self._link_down(link.addr)
+
+    def _expire(self) -> None:
+        """Forwarded commands still owed past their deadline and slack (their router went
+        without a ForgetCommand): settled, and their peers told to forget them."""
+        now = self.now()
+        for seq, remote in list(self.remotes.items()):
+            if remote.expires <= now:
+                self._drop(seq, remote, forget=True)
+                effects = [e for link in remote.links for e in remote.merge.peer_ended(link)]
+                self._apply(seq, remote, effects)
+
+    def _apply(
+        self,
+        seq: int,
+        remote: _Remote,
+        effects: list[MergeEffect],
+        response: agent_pb2.CommandResponse | None = None,
+    ) -> None:
+        for effect in effects:
+            match effect:
+                case Answer(agent_id=agent_id):
+                    self.send(remote.reply_to, CommandAnswer(agent_id, cast(Any, response)))
+                case Fail(agent_id=agent_id, reason=reason):
+                    failed = CommandFailed(agent_id, remote.command_id, cast(FailReason, reason))
+                    self.send(remote.reply_to, failed)
+        if remote.merge.done:
+            self._drop(seq, remote)
+
+    def _drop(self, seq: int, remote: _Remote, *, forget: bool = False) -> None:
+        """`forget`: the command ended here before every peer answered; they drop it too."""
+        if self.remotes.pop(seq, None) is not None and forget:
+            for link in remote.links:
+                link.forget(seq)
+
+
+_NOT_CONNECTED = cast(FailReason, "not_connected")
