@@ -11,10 +11,10 @@ import signal
 import sys
 from collections.abc import Mapping
 
+from gateway.config.refusal import BootRefused, log_refusal
 from gateway.node.boot import prepare
 from gateway.node.logs import configure_logging
 from gateway.node.node import Node
-from gateway.node.refusal import BootRefused, log_refusal
 
 log = logging.getLogger("yuzu_gw.boot")
 

@@ -19,7 +19,7 @@ its effects:
 
 Commands: `DeliverCommand` puts the request in the stream's bounded queue; a full queue means the
 agent is not reading, so the stream is ended as stuck. Answers go to the command's `reply_to` as
-`CommandAnswer` (actors/agents/owner_messages.py); an unsolicited `__guard__` frame goes upstream as
+`CommandAnswer` (actors/agents/api.py); an unsolicited `__guard__` frame goes upstream as
 `ForwardGuardian` with this owner's agent id, whatever the frame says.
 
 The owner does not trap exits: a planned stop (`ActorExitRequest` from `agent_sup`) ends it with
@@ -45,19 +45,17 @@ from thespian.actors import WakeupMessage
 
 from actors.agents.api import (
     AgentFrame,
+    CommandAnswer,
+    CommandFailed,
     DeliverCommand,
+    EndSession,
+    FailReason,
+    ForgetCommand,
     OwnerArgs,
     StreamClosed,
     StreamEnd,
 )
 from actors.agents.metrics import owner_metrics
-from actors.agents.owner_messages import (
-    CommandAnswer,
-    CommandFailed,
-    EndSession,
-    FailReason,
-    ForgetCommand,
-)
 from actors.agents.owner_table import OWNERS_TABLE, OwnerRow, OwnerState, owner_row
 from actors.agents.watch import publish
 from actors.core.notify_store import Event, log_text, sanitise_peer_addr
@@ -88,14 +86,12 @@ from actors.core.owner_recovery import (
     record_restart,
 )
 from actors.core.warn_limit import WarnLimiter
-from actors.registry.api import OwnerRefused, OwnerRegistered, OwnerUp
+from actors.registry.api import REGISTRY_NAME, OwnerRefused, OwnerRegistered, OwnerUp
 from actors.registry.api import Unregister as UnregisterSession
-from actors.registry.sessions import REGISTRY_NAME
-from actors.upstream.api import ForwardGuardian, Notify
+from actors.upstream.api import DisconnectSettled, ForwardGuardian, Notify, SessionPresented
+from actors.upstream.api import PresentSession as PresentRequest
+from actors.upstream.api import SettleDisconnected as SettleRequest
 from actors.upstream.recovery import FAILED_DETAILS
-from actors.upstream.recovery_messages import DisconnectSettled, SessionPresented
-from actors.upstream.recovery_messages import PresentSession as PresentRequest
-from actors.upstream.recovery_messages import SettleDisconnected as SettleRequest
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.messages import ActorDown

@@ -6,7 +6,7 @@ details survive the crash in the owner table, written when the session is set up
 when the owner ends for good). Any actor of the node may write it; by convention each owner
 writes only its own session's row, and a restarted owner deletes its dead predecessor's.
 
-Rows honour `actors.registry.sessions.OwnerRecord` (owner, conn_key, state): heartbeat admission
+Rows honour `actors.registry.api.OwnerRecord` (owner, conn_key, state): heartbeat admission
 reads
 them to keep a session admitted while its owner is dead or recovering (ADM-08). The registration
 replay reads a row's stored RegisterRequest (`register`) and its stream home id.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from actors.registry.sessions import OWNERS_TABLE
+from actors.registry.api import OWNERS_TABLE
 from supervisors.address import Address
 from supervisors.errors import TableGone
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["OWNERS_TABLE", "OwnerRow", "OwnerState", "create_owner_table", "owner_row"]
 
 # `live`: the owner holds the session. `recovering`, `ending`, `superseded`: written by the
-# owner-crash recovery of issue 7 (see OwnerRecord in actors/registry/sessions.py).
+# owner-crash recovery of issue 7 (see OwnerRecord in actors/registry/api.py).
 OwnerState = Literal["live", "recovering", "ending", "superseded"]
 
 

@@ -27,8 +27,8 @@ from actors.agents.metrics import install_owner_metrics
 from actors.agents.owner import AgentOwner
 from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
 from gateway.config import Config
+from gateway.config.context import NodeContext
 from gateway.config.keys.sessions import AGENT_RESTART_INTENSITY, AGENT_RESTART_PERIOD_S
-from gateway.node.context import NodeContext
 from supervisors.errors import TableGone
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 

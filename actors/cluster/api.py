@@ -9,17 +9,27 @@
 `LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router: routed to
 this node's agents only (never forwarded again, so a command cannot loop between nodes), and a
 target not held here is answered to the forwarding node as "not held", not `not_connected`.
+
+The links that are up, read without a message: the public table `cluster_links` (peer
+address -> `PeerLink`), which the `cluster` actor owns and is the only writer of. Empty or
+absent (no peers, no cluster actor) means this node serves alone, and every caller then takes
+the single-node path at the cost of one table lookup.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import attrs
 
 from actors.router.api import RouteCommand
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
+from supervisors.errors import TableGone
 
-__all__ = ["ForwardCommand", "LinkEnded", "LocalRouteCommand", "PeerEnded", "PeerFrame"]
+if TYPE_CHECKING:
+    from gateway.cluster.transport import PeerLink
+    from supervisors.runtime import LoopSystemBase
 
 
 @attrs.frozen(eq=False)
@@ -64,3 +74,30 @@ class LinkEnded:
 
     peer: object
     refused: bool = False
+
+
+CLUSTER_NAME = "cluster"
+
+
+LINKS_TABLE = "cluster_links"
+
+
+def connected_links(runtime: LoopSystemBase) -> list[PeerLink]:
+    table = runtime.table(LINKS_TABLE)
+    if table is None:
+        return []
+    try:
+        return list(table.values()) if len(table) else []
+    except TableGone:
+        return []
+
+
+def cluster_route(runtime: LoopSystemBase) -> Address | None:
+    """The `cluster` actor when at least one peer is connected, else None."""
+    table = runtime.table(LINKS_TABLE)
+    try:
+        if table is None or not len(table):
+            return None
+    except TableGone:
+        return None
+    return runtime.whereis(CLUSTER_NAME)

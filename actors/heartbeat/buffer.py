@@ -47,8 +47,7 @@ from actors.core.verdicts import Cast, VerdictEffect, VerdictReader
 from actors.heartbeat.api import BufferHeartbeat
 from actors.heartbeat.metrics import HeartbeatMetrics, heartbeat_metrics
 from actors.upstream.actor import NAME as UPSTREAM
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.methods import BATCH_HEARTBEAT
+from actors.upstream.api import BATCH_HEARTBEAT, UpstreamCallError
 from actors.upstream.replay_metrics import ReplayMetrics, replay_metrics
 from gateway.config.keys.heartbeat import (
     HEARTBEAT_BATCH_INTERVAL_MS,
@@ -64,7 +63,7 @@ from supervisors.process import Process
 from supervisors.reason import SHUTDOWN, ExitReason
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
 __all__ = ["NAME", "HeartbeatBufferActor", "outcome_of"]

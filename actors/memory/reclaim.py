@@ -34,7 +34,7 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core.reclaim import Reclaim, ReclaimPolicy, RunPass, RunTrim
-from actors.registry.sessions import AGENTS_TABLE
+from actors.registry.api import AGENTS_TABLE
 from gateway.config.keys.shedder import MEM_RECLAIM, RECLAIM_LOGGER
 from gateway.node.memory_reader import rss_anon_kb
 from supervisors.errors import TableGone
@@ -43,7 +43,7 @@ from supervisors.process import Process
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
 

@@ -66,9 +66,9 @@ from supervisors.process import Process
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from actors.node.readiness import Readiness
+    from actors.node.api import Readiness
+    from gateway.config.context import NodeContext
     from gateway.listeners.spec import ListenerSpec
-    from gateway.node.context import NodeContext
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
 

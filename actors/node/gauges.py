@@ -19,7 +19,7 @@ from supervisors.process import Process
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.reason import ExitReason
 

@@ -5,7 +5,7 @@ It holds two cores and five tables:
 - `SessionSlots` (actors/core/reservations.py): the per-connection cap, reservations included;
 - `PendingStore` (actors/core/pending.py): pending rows, the same-agent rule, TTL and grace;
 - the protected tables `agents`, `agents_by_id`, `pending_registrations`, `connections`,
-  `sessions_index` (actors/registry/sessions.py), which it alone writes, so any code reads them
+  `sessions_index` (actors/registry/api.py), which it alone writes, so any code reads them
   without
   a message.
 
@@ -54,11 +54,20 @@ from actors.core.reservations import (
     SlotPolicy,
 )
 from actors.registry.api import (
+    AGENTS_BY_ID,
+    AGENTS_TABLE,
+    CONNECTIONS_TABLE,
+    PENDING_TABLE,
+    REGISTRY_NAME,
+    SESSIONS_INDEX,
     SUPERSEDED_LOG,
+    AgentRow,
+    Binding,
     Commit,
     CommitRefused,
     Committed,
     ConnectionDown,
+    ConnUsage,
     GetCounts,
     OwnerRefused,
     OwnerRegistered,
@@ -73,17 +82,6 @@ from actors.registry.api import (
     TakePending,
     TakeRefused,
     Unregister,
-)
-from actors.registry.sessions import (
-    AGENTS_BY_ID,
-    AGENTS_TABLE,
-    CONNECTIONS_TABLE,
-    PENDING_TABLE,
-    REGISTRY_NAME,
-    SESSIONS_INDEX,
-    AgentRow,
-    Binding,
-    ConnUsage,
     install_readiness,
 )
 from gateway.config.keys.sessions import MAX_SESSIONS_PER_CONNECTION
@@ -93,8 +91,8 @@ from supervisors.process import Process
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from actors.node.readiness import Readiness
-    from gateway.node.context import NodeContext
+    from actors.node.api import Readiness
+    from gateway.config.context import NodeContext
     from supervisors.table import Table
 
 __all__ = ["Registry", "RegistryArgs", "registry_child_spec"]

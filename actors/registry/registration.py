@@ -29,8 +29,8 @@ from actors.registry.api import (
     Reserve,
     Reserved,
     ReserveRefused,
+    registry_address,
 )
-from actors.registry.sessions import registry_address
 from supervisors.errors import ActorExited, NoProc
 
 if TYPE_CHECKING:

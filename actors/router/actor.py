@@ -50,10 +50,8 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 from thespian.actors import WakeupMessage
 
-from actors.agents.api import DeliverCommand
-from actors.agents.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
-from actors.cluster.api import ForwardCommand, LocalRouteCommand
-from actors.cluster.peers import cluster_route
+from actors.agents.api import CommandAnswer, CommandFailed, DeliverCommand, ForgetCommand
+from actors.cluster.api import ForwardCommand, LocalRouteCommand, cluster_route
 from actors.core.command_fanout import (
     CommandFanout,
     Done,
@@ -63,8 +61,8 @@ from actors.core.command_fanout import (
     Settle,
 )
 from actors.core.command_timeout import FALLBACK_TIMEOUT_S, CommandTimeouts
-from actors.node.stop import RoutingStopped, StopRouting
-from actors.registry.sessions import agent_session, held_agent_ids
+from actors.node.api import RoutingStopped, StopRouting
+from actors.registry.api import agent_session, held_agent_ids
 from actors.router.api import (
     NOT_CONNECTED,
     AbandonCommand,
@@ -81,7 +79,7 @@ from supervisors.reason import ExitReason
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 __all__ = ["ROUTER_NAME", "Router", "RouterArgs", "router_child_spec"]
 

@@ -12,7 +12,7 @@ router (the sink decides what it keeps; gateway/mgmt/command.py). The handler wa
 a router that ends with the command in flight ends the stream UNAVAILABLE.
 
 The owners' side of the conversation (DeliverCommand, CommandAnswer, CommandFailed,
-ForgetCommand) is in actors/agents/api.py and actors/agents/owner_messages.py.
+ForgetCommand) is in actors/agents/api.py and actors/agents/api.py.
 """
 
 from __future__ import annotations

@@ -57,8 +57,8 @@ from actors.core.breaker import (
 )
 from actors.core.verdicts import HeartbeatVerdict
 from actors.core.warn_limit import WarnLimiter
-from actors.node.stop import StopAdmitting
-from actors.upstream.api import ForwardGuardian, Notify
+from actors.node.api import StopAdmitting
+from actors.upstream.api import ForwardGuardian, Notify, PresentSession, SettleDisconnected
 from actors.upstream.guardian import GuardianLane, GuardianWork
 from actors.upstream.lane import CallResult, class_and_why
 from actors.upstream.metrics import UpstreamMetrics, rpc_name, upstream_metrics
@@ -71,7 +71,6 @@ from actors.upstream.notify import (
     RaiseNotifyCap,
 )
 from actors.upstream.recovery import PresentWork, RecoveryLane
-from actors.upstream.recovery_messages import PresentSession, SettleDisconnected
 from actors.upstream.replay import ReplayLane, ReplayTimer, ReplayWork
 from actors.upstream.replay_metrics import replay_metrics
 from gateway.config.keys.breaker import (
@@ -85,7 +84,7 @@ from supervisors.process import Process
 from supervisors.reason import ExitReason
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [

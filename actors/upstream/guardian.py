@@ -33,9 +33,8 @@ from actors.core.notify_store import log_text
 from actors.core.permits import GUARDIAN_STREAMS
 from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
-from actors.upstream.api import ForwardGuardian
+from actors.upstream.api import FORWARD_GUARDIAN_MESSAGE, ForwardGuardian
 from actors.upstream.lane import CallResult, LaneHost, result_of, start_call
-from actors.upstream.methods import FORWARD_GUARDIAN_MESSAGE
 from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.messages import WorkerDone
@@ -43,7 +42,7 @@ from supervisors.messages import WorkerDone
 if TYPE_CHECKING:
     from actors.core.breaker import Ticket
     from actors.upstream.metrics import GuardianMetrics
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 __all__ = ["DROPPED_LINE", "MAX_INFLIGHT", "GuardianLane", "GuardianWork"]
 

@@ -19,7 +19,7 @@ import attrs
 from google.protobuf.message import Message
 
 from actors.core.breaker import Breaker, Effect, Lane, ResultKind, Ticket
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
 from gateway.upstream.channel_actor import upstream_channel
 from supervisors.messages import WorkerDone
 

@@ -56,8 +56,8 @@ from actors.core.notify_store import (
 from actors.core.resend import ResendPolicy
 from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
-from actors.registry.sessions import OWNERS_TABLE
-from actors.upstream.api import Notify
+from actors.registry.api import OWNERS_TABLE
+from actors.upstream.api import NOTIFY_STREAM_STATUS, Notify
 from actors.upstream.lane import (
     CallResult,
     LaneHost,
@@ -66,7 +66,6 @@ from actors.upstream.lane import (
     start_call,
     start_killable_call,
 )
-from actors.upstream.methods import NOTIFY_STREAM_STATUS
 from gateway.config.keys.cluster import CLUSTER_ID
 from gateway.config.keys.listeners import GRPC_LISTENERS
 from gateway.config.keys.replay import (
@@ -86,7 +85,7 @@ from supervisors.messages import WorkerDone
 if TYPE_CHECKING:
     from actors.upstream.metrics import NotifyMetrics
     from gateway.config import Config
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.address import Address
 
 __all__ = [
@@ -108,7 +107,7 @@ log = logging.getLogger("yuzu_gw.upstream")
 # Wire features this gateway forwards untouched (WIRE.md): the server may stamp dispatch tags on
 # commands for sessions announced with it.
 WIRE_CAPABILITIES: Final = ("command_dispatch_tag_v1",)
-# Owner-table states in which the node still holds the session (actors/registry/sessions.py): a
+# Owner-table states in which the node still holds the session (actors/registry/api.py): a
 # refused
 # CONNECTED is resent only while it does.
 HELD_STATES: Final = frozenset({"live", "recovering"})

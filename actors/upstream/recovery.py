@@ -1,7 +1,7 @@
 """The owner-recovery lane of the `upstream` actor (seed: "When an agent's owner process
 crashes", step 3; docs/owner-recovery.md).
 
-A restarted owner asks two things of the upstream actor (actors/upstream/recovery_messages.py):
+A restarted owner asks two things of the upstream actor (actors/upstream/api.py):
 
 * `SettleDisconnected`: the predecessor's DISCONNECTED goes into the held store like any
   notification, after every resend of the session is ended (counted
@@ -28,15 +28,16 @@ from grpclib.const import Status
 from actors.core.breaker import ResultKind
 from actors.core.notify_store import Event, NotifyKey, Settled, log_text
 from actors.core.permits import Caller
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.lane import LaneHost
-from actors.upstream.methods import PROXY_REGISTER, SESSION_ID_METADATA
-from actors.upstream.recovery_messages import (
+from actors.upstream.api import (
+    PROXY_REGISTER,
+    SESSION_ID_METADATA,
     DisconnectSettled,
     PresentSession,
     SessionPresented,
     SettleDisconnected,
+    UpstreamCallError,
 )
+from actors.upstream.lane import LaneHost
 from actors.upstream.replay import NOT_ACCEPTED_DETAILS, SUPERSEDED_DETAILS
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.messages import WorkerDone

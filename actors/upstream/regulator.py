@@ -69,7 +69,7 @@ from actors.core.permits import (
     policy_from_settings,
 )
 from actors.core.slow_server import LaneFlag, SlowLane
-from actors.node.stop import StopAdmitting
+from actors.node.api import StopAdmitting
 from actors.upstream.metrics import REFUSAL_REASONS, UpstreamMetrics, upstream_metrics
 from gateway.config.keys.upstream import (
     UPSTREAM_CALL_TIMEOUT_MS,
@@ -86,9 +86,9 @@ from supervisors.process import Process
 from supervisors.reason import SHUTDOWN, ExitReason
 
 if TYPE_CHECKING:
-    from actors.upstream.channel import Channel
+    from actors.upstream.api import Channel
     from gateway.config import Config
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [

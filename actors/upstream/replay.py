@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 from grpclib.const import Status
 
-from actors.agents.owner_messages import EndSession
+from actors.agents.api import EndSession
 from actors.agents.owner_table import OwnerRow, owner_row
 from actors.core import Count, LogLine
 from actors.core.breaker import ResultKind, State
@@ -53,10 +53,9 @@ from actors.core.notify_store import Event, Notification, log_text
 from actors.core.permits import Caller
 from actors.core.replay_queue import REPLAYS, ReplayEffect, ReplayPolicy, ReplayQueue
 from actors.core.verdicts import HeartbeatVerdict
-from actors.registry.sessions import AGENTS_TABLE
-from actors.upstream.channel import UpstreamCallError
+from actors.registry.api import AGENTS_TABLE
+from actors.upstream.api import PROXY_REGISTER, SESSION_ID_METADATA, UpstreamCallError
 from actors.upstream.lane import LaneHost
-from actors.upstream.methods import PROXY_REGISTER, SESSION_ID_METADATA
 from actors.upstream.regulator import permit_policy_of
 from gateway.config.keys.replay import (
     REGISTRATION_REPLAY_QUEUE_MAX,
@@ -71,7 +70,7 @@ if TYPE_CHECKING:
     from actors.upstream.notify import NotifyLane
     from actors.upstream.replay_metrics import ReplayMetrics
     from gateway.config import Config
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from gateway.upstream.calls import UpstreamCalls
     from supervisors.address import Address
     from supervisors.table import Table

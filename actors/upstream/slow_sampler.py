@@ -32,7 +32,7 @@ from supervisors.errors import TableGone
 from supervisors.process import Process
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.reason import ExitReason
     from supervisors.runtime import LoopSystemBase

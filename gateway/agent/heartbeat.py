@@ -2,7 +2,7 @@
 SPEC_INDEX ADM-01..ADM-11, S19, S20, M03, M04, L02, L03).
 
 A heartbeat is admitted only when this node holds its session and it arrives on the HTTP/2
-connection bound to the session (`actors.registry.sessions.admit`: node-local tables, no message).
+connection bound to the session (`actors.registry.api.admit`: node-local tables, no message).
 Otherwise the answer is NOT_FOUND "unknown session" whatever the reason, so the caller cannot
 learn which condition failed; the reason goes to the counters and the summary line only:
 
@@ -32,7 +32,7 @@ import attrs
 from grpclib.server import Stream
 
 from actors.heartbeat.api import BufferHeartbeat
-from actors.registry.sessions import (
+from actors.registry.api import (
     ADMISSION_REASONS,
     UNKNOWN_SESSION_DETAILS,
     AdmissionReason,

@@ -21,8 +21,8 @@ from grpclib.server import Stream
 
 from actors.core.breaker import Lane
 from actors.core.permits import Caller
-from actors.registry.sessions import UNKNOWN_SESSION_DETAILS, admit
-from actors.upstream.methods import PROXY_INVENTORY
+from actors.registry.api import UNKNOWN_SESSION_DETAILS, admit
+from actors.upstream.api import PROXY_INVENTORY
 from gateway.agent.plane import AgentPlane, conn_key, receive, refuse_oversize
 from gateway.agent.register import proxy_call
 from gateway.agent.status import not_found

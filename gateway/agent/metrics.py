@@ -30,7 +30,7 @@ from collections.abc import Callable
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from actors.registry.sessions import ADMISSION_REASONS, AdmissionReason
+from actors.registry.api import ADMISSION_REASONS, AdmissionReason
 
 __all__ = [
     "HEARTBEAT_REJECTED_REASONS",

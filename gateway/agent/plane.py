@@ -12,7 +12,7 @@ the metrics, one warn limiter, and the two rules every method follows.
   and the top frame only. grpclib's own handler would log the whole traceback (its locals can
   hold an enrolment token) and answer UNKNOWN (seed: "A refused Subscribe ends with its own
   status"; SPEC_INDEX S18). A `HintedRefusal` is answered with its retry hint in the trailers
-  (gateway/agent/retry_hint.py).
+  (gateway/listeners/retry_hint.py).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from actors.core.warn_limit import WarnLimiter
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Outcome, breaker_view
 from gateway.agent.metrics import AgentMetrics
-from gateway.agent.retry_hint import HintedRefusal, send_refusal
 from gateway.agent.status import internal
 from gateway.config import Config
 from gateway.listeners.connection import current_call
+from gateway.listeners.retry_hint import HintedRefusal, send_refusal
 from gateway.upstream.calls import UpstreamCalls
 from supervisors.reason import ExitReason
 from supervisors.runtime import LoopSystemBase

@@ -39,8 +39,7 @@ from actors.core.notify_store import log_text, sanitise_peer_addr
 from actors.core.permits import Caller
 from actors.registry.api import SUPERSEDED_DETAILS
 from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.methods import PROXY_REGISTER
+from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
 from gateway.agent.plane import AgentPlane, conn_key, receive, refuse_oversize
 from gateway.agent.status import (
     AGENT_ID_DETAILS,

@@ -25,7 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.registry.sessions import AGENTS_TABLE
+from actors.registry.api import AGENTS_TABLE
 from gateway.agent.heartbeat import ADMISSION_STARTUP_LINE, RejectionSummary, heartbeat
 from gateway.agent.inventory import report_inventory
 from gateway.agent.metrics import agent_metrics
@@ -33,8 +33,8 @@ from gateway.agent.plane import AgentPlane, guarded
 from gateway.agent.register import register
 from gateway.agent.status import EXECUTE_COMMAND_DETAILS
 from gateway.agent.subscribe import subscribe
+from gateway.config.context import NodeContext
 from gateway.config.keys.node import TELEMETRY_GAUGE_INTERVAL_MS
-from gateway.node.context import NodeContext
 from gateway.upstream.calls import UpstreamCalls
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.agent.v1.agent_grpc import AgentServiceBase

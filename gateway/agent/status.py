@@ -6,7 +6,7 @@ could not be reached), is UNAVAILABLE; a registry that cannot be reached, a serv
 any other failure are INTERNAL. The agent re-registers on any non-OK status either way; the
 distinction is for operators and for agents that honour UNAVAILABLE as "retry elsewhere".
 Those UNAVAILABLE refusals carry a retry hint, `grpc-retry-pushback-ms`
-(gateway/agent/retry_hint.py).
+(gateway/listeners/retry_hint.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from actors.core.breaker import ResultKind
-from actors.upstream.channel import UpstreamCallError
-from gateway.agent.retry_hint import HintedRefusal, RefusalKind
+from actors.upstream.api import UpstreamCallError
+from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.upstream.calls import RefusalReason, UpstreamRefused
 
 __all__ = [

@@ -36,14 +36,13 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.agents.api import AgentFrame, OwnerArgs, StreamClosed, StreamEnd, StreamHandle
-from actors.registry.api import ReleaseTaken, Taken, TakePending, TakeRefused
+from actors.registry.api import ReleaseTaken, Taken, TakePending, TakeRefused, registry_address
 from actors.registry.registration import RESERVE_TIMEOUT_S
-from actors.registry.sessions import registry_address
-from actors.upstream.methods import SESSION_ID_METADATA
+from actors.upstream.api import SESSION_ID_METADATA
 from gateway.agent.plane import AgentPlane, conn_key, crashed, failed
-from gateway.agent.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
 from gateway.agent.status import not_found, session_refused
 from gateway.listeners.connection import current_call
+from gateway.listeners.retry_hint import PUSHBACK_HEADER, HintedRefusal, RefusalKind, send_refusal
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.api import start_child

@@ -9,7 +9,7 @@ A permanent child of `gateway_sup`, after the router. It
 2. runs the membership rounds of gateway/cluster/membership.py every
    `cluster_redial_interval_ms`: resolves the seeds, dials and challenges new peers, probes the
    links that are up, and publishes the links that are up in the public table `cluster_links`
-   (actors/cluster/peers.py), which the router and the management plane read;
+   (actors/cluster/api.py), which the router and the management plane read;
 3. forwards the commands the router could not deliver here (`ForwardCommand`) to every
    connected peer, each on its link's command stream (gateway/cluster/commands.py), merges
    their answers (gateway/cluster/merge.py) and sends them to the router as an owner would
@@ -34,9 +34,16 @@ import attrs
 from google.protobuf import empty_pb2
 from thespian.actors import WakeupMessage
 
-from actors.agents.owner_messages import CommandAnswer, CommandFailed, FailReason, ForgetCommand
-from actors.cluster.api import ForwardCommand, LinkEnded, PeerEnded, PeerFrame
-from actors.cluster.peers import CLUSTER_NAME, LINKS_TABLE, connected_links
+from actors.agents.api import CommandAnswer, CommandFailed, FailReason, ForgetCommand
+from actors.cluster.api import (
+    CLUSTER_NAME,
+    LINKS_TABLE,
+    ForwardCommand,
+    LinkEnded,
+    PeerEnded,
+    PeerFrame,
+    connected_links,
+)
 from actors.core.warn_limit import WarnLimiter
 from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
 from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
@@ -60,7 +67,7 @@ from supervisors.reason import ExitReason
 from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 __all__ = ["CLUSTER_NAME", "Cluster", "cluster_child_spec"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 from google.protobuf import empty_pb2
 from google.protobuf.message import Message
 
-from actors.cluster.peers import connected_links
+from actors.cluster.api import connected_links
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 
 if TYPE_CHECKING:

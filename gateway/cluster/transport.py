@@ -37,7 +37,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
-from actors.registry.sessions import held_agent_ids
+from actors.registry.api import held_agent_ids
 from gateway.cluster.auth import (
     UNAUTHENTICATED_DETAILS,
     ServerNonces,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, Term
-from gateway.node.refusal import BootRefused
 
 UNKNOWN_KEYS = "unknown_keys"
 DUPLICATE_KEYS = "duplicate_keys"

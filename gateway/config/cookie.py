@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from gateway.config.refusal import BOOT_LOGGER, BootRefused
 from gateway.config.vm_args import HISTORICAL_DEFAULT_COOKIE, CookieSource, NodeArgs
-from gateway.node.refusal import BOOT_LOGGER, BootRefused
 
 MIN_COOKIE_CHARS = 32
 ALLOW_DEFAULT_COOKIE_VAR = "YUZU_GW_ALLOW_DEFAULT_COOKIE"

@@ -7,7 +7,7 @@ servers or client block, which the manual refuses before anything binds (nothing
 read it, so the listeners or channel the operator meant would silently be missing).
 
 Everything that is wrong raises `BootRefused` with a named defect; the caller logs it with
-`gateway.node.refusal.log_refusal` and exits.
+`gateway.config.refusal.log_refusal` and exits.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from gateway.config.keys import SCHEMA
 from gateway.config.keys.cluster import CLUSTER_SEED_DNS_NAME, CLUSTER_SEED_NODES
 from gateway.config.keys.node import NODE_NAME
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.resolve import CONFIG_LOGGER, resolve_section
 from gateway.config.schema import Schema
 from gateway.config.terms import Atom, Term, read_term_file
 from gateway.config.vm_args import CONFIG_UNREADABLE, NodeArgs, parse_vm_args
-from gateway.node.refusal import BootRefused
 
 CONFIG_PATH_VAR = "YUZU_GW_CONFIG"
 VM_ARGS_PATH_VAR = "YUZU_GW_VM_ARGS"

@@ -32,9 +32,9 @@ from gateway.config.closed import proplist, refuse_unknown
 from gateway.config.config import Config
 from gateway.config.converters import BadValue
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.schema import Key, Refuse, Schema, Source
 from gateway.config.terms import Atom, Term, format_term
-from gateway.node.refusal import BootRefused
 
 CONFIG_LOGGER = "yuzu_gw.config"
 log = logging.getLogger(CONFIG_LOGGER)

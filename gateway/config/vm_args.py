@@ -29,7 +29,7 @@ from pathlib import Path
 import attrs
 
 from gateway.cluster.advertise import ADVERTISE_VAR
-from gateway.node.refusal import BootRefused
+from gateway.config.refusal import BootRefused
 
 # The cookie an unset YUZU_GW_COOKIE falls back to. It is public (it was in the Erlang
 # gateway's repository), which is exactly why check_distribution_cookie refuses it.

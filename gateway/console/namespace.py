@@ -23,7 +23,7 @@ from supervisors.address import Address
 from supervisors.runtime import LoopSystemBase
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 BANNER = """\
 yuzu_gw remote console on {name} (pid {pid}); code runs inside the node's loop, `await` works.

@@ -35,7 +35,7 @@ from supervisors.process import Process
 from supervisors.reason import ExitReason
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 log = logging.getLogger("yuzu_gw.console")
 

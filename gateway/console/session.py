@@ -29,7 +29,7 @@ from gateway.console.namespace import BANNER, namespace
 from supervisors.runtime import LoopSystemBase
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
 
 log = logging.getLogger("yuzu_gw.console")
 

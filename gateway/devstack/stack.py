@@ -42,11 +42,11 @@ import attrs
 
 from gateway.cli import DEFAULT_STOP_TIMEOUT_S
 from gateway.config.loader import PROJECT_ROOT, SHIPPED_CONFIG, read_sections
+from gateway.config.refusal import BootRefused
 from gateway.devstack import config
 from gateway.devstack.agents import AgentSettings, Fleet, Target
 from gateway.devstack.pki import DevPki, write_pki
 from gateway.devstack.upstream import FakeUpstream, start_fake_upstream
-from gateway.node.refusal import BootRefused
 
 __all__ = ["READY_LINE", "Options", "StartFailed", "run"]
 

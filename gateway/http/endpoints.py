@@ -15,7 +15,7 @@ import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from actors.node.readiness import Readiness
+from actors.node.api import Readiness
 from gateway.http import server as http
 from supervisors.process import Process
 from supervisors.reason import ExitReason

@@ -36,9 +36,9 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core.overload_goaway import GRACE_S, Close, Effect, OverloadGoAway, SendAway
-from gateway.agent.retry_hint import OVERLOADED_HINT_MS
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.retry_hint import OVERLOADED_HINT_MS
 from gateway.listeners.server import ListenerServer, Routes
 from gateway.listeners.spec import ListenerSpec
 from gateway.listeners.tls import TlsFilesUnusable

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from gateway.config.refusal import BootRefused
 from gateway.config.resolve import CONFIG_LOGGER
 from gateway.listeners.spec import (
     AGENT_PROTO,
@@ -29,7 +30,6 @@ from gateway.listeners.spec import (
     ListenerSpec,
     check_unique,
 )
-from gateway.node.refusal import BootRefused
 
 log = logging.getLogger(CONFIG_LOGGER)
 

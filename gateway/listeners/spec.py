@@ -48,6 +48,7 @@ from actors.core.overload_goaway import Watermarks, WatermarksRefused
 from gateway.config.closed import CONFIG_SHAPE, closed_map
 from gateway.config.converters import BadValue, text_of
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, ExternalFun, Term, format_atom
 from gateway.listeners.origin import (
     IPAddress,
@@ -56,7 +57,6 @@ from gateway.listeners.origin import (
     Mode,
     Sources,
 )
-from gateway.node.refusal import BootRefused
 
 log = logging.getLogger("yuzu_gw.listeners")
 

@@ -22,7 +22,9 @@ import resource
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from gateway.config.context import NodeContext
 from gateway.config.keys.listeners import ALLOW_NO_LISTENERS, GRPC_LISTENERS
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import format_atom
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.listener_actor import (
@@ -36,8 +38,6 @@ from gateway.listeners.listener_actor import (
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.server import Routes
 from gateway.listeners.spec import BAD_ROUTES, ListenerSpec
-from gateway.node.context import NodeContext
-from gateway.node.refusal import BootRefused
 from supervisors.supervisor import ChildSpec
 from supervisors.table import Table
 

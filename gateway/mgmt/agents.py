@@ -1,5 +1,5 @@
 """ListAgents and GetAgent: the agents this node holds, read from the registry's tables
-(actors/registry/sessions.py) without a message.
+(actors/registry/api.py) without a message.
 
 - **ListAgents** pages through the held agents in bytewise order of their ids. `limit` 1..1000
   is the page size; anything else (0, negative, over 1000) is 100. `cursor` is the last agent id
@@ -36,10 +36,10 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.cluster.peers import connected_links
-from actors.registry.sessions import AGENTS_BY_ID, AgentRow, agent_session, held_agent_ids
-from gateway.agent.retry_hint import HintedRefusal, RefusalKind
+from actors.cluster.api import connected_links
+from actors.registry.api import AGENTS_BY_ID, AgentRow, agent_session, held_agent_ids
 from gateway.cluster.remote import merge_pages, peer_agent, peer_pages
+from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.plane import MgmtPlane, receive
 from protos.yuzu.common.v1 import common_pb2
 from protos.yuzu.server.v1 import management_pb2

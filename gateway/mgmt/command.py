@@ -40,13 +40,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.cluster.api import LocalRouteCommand
-from actors.cluster.peers import connected_links
-from actors.registry.sessions import held_agent_ids
+from actors.cluster.api import LocalRouteCommand, connected_links
+from actors.registry.api import held_agent_ids
 from actors.router.actor import ROUTER_NAME
 from actors.router.api import NOT_CONNECTED, AbandonCommand, ResponseKind, RouteCommand
-from gateway.agent.retry_hint import HintedRefusal, RefusalKind
 from gateway.cluster.remote import cluster_held_ids
+from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.metrics import CommandOutcome, MgmtMetrics
 from gateway.mgmt.plane import MgmtPlane, receive
 from protos.yuzu.server.v1 import management_pb2

@@ -22,12 +22,12 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from gateway.agent.plane import guarded
+from gateway.config.context import NodeContext
 from gateway.mgmt.agents import get_agent, list_agents
 from gateway.mgmt.command import send_command
 from gateway.mgmt.metrics import mgmt_metrics
 from gateway.mgmt.plane import MgmtPlane
 from gateway.mgmt.watch import watch_events
-from gateway.node.context import NodeContext
 from protos.yuzu.server.v1 import management_pb2
 from protos.yuzu.server.v1.management_grpc import ManagementServiceBase
 from supervisors.runtime import LoopSystemBase

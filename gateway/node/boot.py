@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 
 from gateway.config import default_paths, load
-from gateway.node.context import NodeContext
+from gateway.config.context import NodeContext
 from gateway.node.process_collector import ProcessCollector
 from gateway.release.plan import apply_env
 from gateway.upstream.boot_check import check_upstream

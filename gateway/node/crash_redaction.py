@@ -46,7 +46,7 @@ from actors.agents.owner import AgentOwner
 from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from actors.registry.actor import Registry
-from actors.registry.sessions import REGISTRY_NAME
+from actors.registry.api import REGISTRY_NAME
 from actors.router.actor import ROUTER_NAME, Router
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Upstream

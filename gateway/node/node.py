@@ -17,12 +17,12 @@ from pathlib import Path
 
 from thespian.actors import ActorSystem
 
+from gateway.config.context import NodeContext
 from gateway.config.keys.node import SHUTDOWN_FLUSH_BUDGET_MS
+from gateway.config.refusal import BootRefused
 from gateway.node import crash_redaction
-from gateway.node.context import NodeContext
 from gateway.node.loop_monitor import LoopMonitor
 from gateway.node.planned_stop import PlannedStop
-from gateway.node.refusal import BootRefused
 from gateway.node.task import NodeTask
 from gateway.node.tree import GatewaySup
 from gateway.node.young_generation import YoungGenerationBound

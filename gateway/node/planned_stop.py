@@ -37,20 +37,20 @@ from actors.agents.owner_table import OWNERS_TABLE
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
 from actors.memory.shedder import NAME as MEMORY_SHEDDER
-from actors.node.stop import RoutingStopped, StopAdmitting, StopRouting
+from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
 from actors.router.actor import ROUTER_NAME
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.notify import FlushDone, FlushNotifications, RaiseNotifyCap
 from actors.upstream.regulator import NAME as REGULATOR
-from gateway.agent.retry_hint import STOPPING_HINT_MS
 from gateway.config.keys.listeners import GRPC_LISTENERS
 from gateway.listeners.listener_actor import Drain, Suspend, actor_name
 from gateway.listeners.protocol import DRAINING
+from gateway.listeners.retry_hint import STOPPING_HINT_MS
 from supervisors.api import SupervisorError, terminate_child
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
-    from gateway.node.context import NodeContext
+    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
 

@@ -12,24 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.agents.owner_table import create_owner_table
-from actors.agents.sup import AGENT_SUP_NAME, agent_sup_child_spec
+from actors.agents.sup import AGENT_SUP_NAME
 from actors.agents.watch import create_watch_table
-from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
-from actors.heartbeat.buffer import HeartbeatBufferActor
-from actors.memory.reclaim import child_spec as mem_reclaim_child_spec
-from actors.memory.shedder import child_spec as memory_shedder_child_spec
-from actors.node.gauges import child_spec as node_gauges_child_spec
-from actors.registry.actor import registry_child_spec
-from actors.registry.api import ConnectionDown
-from actors.registry.sessions import registry_address
-from actors.router.actor import ROUTER_NAME, router_child_spec
-from actors.upstream.actor import Upstream, readiness_checks
-from actors.upstream.regulator import Regulator
-from actors.upstream.slow_sampler import NAME as SLOW_SERVER
-from actors.upstream.slow_sampler import SlowSampler
+from actors.registry.api import ConnectionDown, registry_address
+from actors.router.actor import ROUTER_NAME
+from actors.upstream.actor import readiness_checks
 from gateway.agent.service import MODULE as AGENT_SERVICE_MODULE
 from gateway.agent.service import agent_service
 from gateway.cluster.actor import cluster_child_spec
+from gateway.config.context import NodeContext
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.console.server import ConsoleServer
 from gateway.http.endpoints import EndpointArgs, HttpEndpoint, health_routes, metrics_routes
@@ -38,8 +29,7 @@ from gateway.listeners.tree import listener_child_specs
 from gateway.mgmt.auth.tree import mgmt_auth_tree
 from gateway.mgmt.service import MODULE as MGMT_SERVICE_MODULE
 from gateway.mgmt.service import mgmt_service
-from gateway.node.context import NodeContext
-from gateway.upstream.channel_actor import UpstreamChannelActor
+from gateway.node.children import agents, gauges, heartbeat, memory, registry, router, upstream
 from supervisors.runtime import LoopSystemBase
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 
@@ -99,35 +89,22 @@ class GatewaySup(Supervisor):
             (
                 ChildSpec("metrics", HttpEndpoint, metrics, name="metrics"),
                 ChildSpec("health", HttpEndpoint, health, name="health"),
-                registry_child_spec(ctx),
-                # Opens the upstream connections (without waiting for them) before anything
-                # that calls the server starts.
-                ChildSpec("upstream_channel", UpstreamChannelActor, ctx, name="upstream_channel"),
-                ChildSpec("upstream", Upstream, ctx, name="upstream"),
-                ChildSpec("upstream_regulator", Regulator, ctx, name="upstream_regulator"),
-                # Stops after agent_sup and the listeners: its shutdown flush (at most 5 s)
-                # sends what they buffered; 1 s more before the supervisor kills it.
-                ChildSpec(
-                    HEARTBEAT_BUFFER, HeartbeatBufferActor, ctx, shutdown=6.0, name=HEARTBEAT_BUFFER
-                ),
-                # One owner per agent session, started by the Subscribe handlers.
-                agent_sup_child_spec(ctx),
-                # Fans SendCommand out to the owners (seed: "Subscribe Stream Proxy").
-                router_child_spec(ctx),
+                *registry.child_specs(ctx),
+                *upstream.child_specs(ctx),
+                *heartbeat.child_specs(ctx),
+                *agents.child_specs(ctx),
+                *router.child_specs(ctx),
                 # Membership, the inter-node transport and forwarded commands (docs/cluster.md);
                 # after the router it forwards for, before the listeners.
                 cluster_child_spec(ctx),
-                # Reads the lane states the upstream actors publish; not a readiness input.
-                ChildSpec(SLOW_SERVER, SlowSampler, ctx, name=SLOW_SERVER),
-                # Memory, mailboxes and collection pauses (actors/node/metrics.py).
-                node_gauges_child_spec(ctx),
+                *upstream.slow_server_specs(ctx),
+                *gauges.child_specs(ctx),
                 ChildSpec("console", ConsoleServer, ctx, name="console"),
                 mgmt_auth.watcher,
                 *listeners,
-                # After the listeners it moves, so it stops before them (issue 7 §2: the
-                # shedder stops, then the agent listeners are suspended).
-                memory_shedder_child_spec(ctx),
-                mem_reclaim_child_spec(ctx),
+                # After the listeners it moves, so it stops before them (the shedder stops,
+                # then the agent listeners are suspended).
+                *memory.child_specs(ctx),
             ),
         )
 

@@ -61,8 +61,8 @@ def _tail(path: Path) -> str:
 def cmd_supervise(run_dir: Path, env: Mapping[str, str], count_text: str, logs: str) -> int:
     # Imported here: the client commands below must not pay for the node's imports.
     from gateway.config import default_paths, load  # noqa: PLC0415
+    from gateway.config.refusal import BootRefused, log_refusal  # noqa: PLC0415
     from gateway.node.logs import configure_logging  # noqa: PLC0415
-    from gateway.node.refusal import BootRefused, log_refusal  # noqa: PLC0415
     from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan  # noqa: PLC0415
     from gateway.release.supervisor import EXIT_FAILED, Logs, ReleaseSupervisor  # noqa: PLC0415
 

@@ -25,10 +25,10 @@ from gateway.config import Config
 from gateway.config.keys.cluster import CLUSTER_PORT
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.config.keys.shedder import MEMORY_SHEDDING, shared_by
+from gateway.config.refusal import BootRefused
 from gateway.config.schema import Key, Source
 from gateway.config.vm_args import NodeArgs
 from gateway.listeners.server import REUSEPORT_VAR
-from gateway.node.refusal import BootRefused
 
 NODE_INDEX_VAR = "YUZU_GW_NODE_INDEX"
 NODE_COUNT_VAR = "YUZU_GW_NODE_COUNT"

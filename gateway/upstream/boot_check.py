@@ -29,7 +29,7 @@ from typing import Final
 from actors.core import LogLine
 from gateway.config.config import Config
 from gateway.config.keys.upstream import ALLOW_NO_UPSTREAM, UPSTREAM_CLIENT, UPSTREAM_TCP_NODELAY
-from gateway.node.refusal import BootRefused
+from gateway.config.refusal import BootRefused
 from gateway.upstream import tls_files
 from gateway.upstream.client_config import DEFAULT_CHANNEL, DOCS_REF, ChannelSpec, ClientSpec
 

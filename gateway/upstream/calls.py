@@ -47,7 +47,7 @@ from actors.core.breaker import Lane, ResultKind
 from actors.core.permits import Caller, PermitPolicy
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import BreakerView, Outcome, breaker_view
-from actors.upstream.channel import Channel, UpstreamCallError
+from actors.upstream.api import Channel, UpstreamCallError
 from actors.upstream.regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, PermitGate, permit_gate
 from gateway.config import Config
 from gateway.config.keys.upstream import UPSTREAM_CALL_TIMEOUT_MS, UPSTREAM_RPC_TIMEOUT_MS

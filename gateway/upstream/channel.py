@@ -1,6 +1,6 @@
 """The upstream channel: `pool_size` connections per endpoint, and the call path over them.
 
-Implements `actors.upstream.channel.Channel`. Rules (seed, "The upstream client > How calls use
+Implements `actors.upstream.api.Channel`. Rules (seed, "The upstream client > How calls use
 the channel", "How the gateway sizes its upstream calls", "A CA, certificate or key file that
 is wrong"; SPEC_INDEX UP-01..UP-06):
 
@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from actors.core.breaker import ResultKind
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
 from gateway.upstream.client_config import ChannelSpec
 from gateway.upstream.connection import (
     CHANNEL_LOGGER,

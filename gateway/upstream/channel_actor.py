@@ -7,7 +7,7 @@ How other code gets a channel (no message round trip, calls never pass through t
     reply = await channel.unary(methods.PROXY_REGISTER, request, RegisterResponse, timeout=5.0)
 
 or read the protected table `upstream_channels` (`runtime.table("upstream_channels")`), keyed by
-channel name (`"default_channel"`), whose values implement `actors.upstream.channel.Channel`.
+channel name (`"default_channel"`), whose values implement `actors.upstream.api.Channel`.
 
 Lifecycle: `init` builds every configured channel and starts its dials (it does not wait for
 them: a server that is down must not stop the node from starting), then publishes it. The table
@@ -33,10 +33,10 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from actors.node.readiness import Readiness
-from actors.upstream.channel import Channel
+from actors.node.api import Readiness
+from actors.upstream.api import Channel
+from gateway.config.context import NodeContext
 from gateway.config.keys.upstream import UPSTREAM_CLIENT, UPSTREAM_TCP_NODELAY
-from gateway.node.context import NodeContext
 from gateway.upstream.channel import UpstreamChannel
 from gateway.upstream.client_config import DEFAULT_CHANNEL
 from supervisors.process import Process

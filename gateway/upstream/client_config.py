@@ -36,8 +36,8 @@ import attrs
 from actors.core import LogLine
 from gateway.config.converters import BadValue, text_of
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, Term
-from gateway.node.refusal import BootRefused
 from gateway.upstream.endpoint_options import (
     BadShape,
     SocketOptions,

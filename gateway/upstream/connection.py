@@ -39,7 +39,7 @@ from google.protobuf.message import Message
 from grpclib.const import Cardinality
 
 from actors.core.breaker import ResultKind
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
 from gateway.upstream import tls_files
 from gateway.upstream.client_config import EndpointSpec
 from gateway.upstream.failures import call_error, dial_error

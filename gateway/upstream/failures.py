@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from actors.core.breaker import ResultKind
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
 
 __all__ = [
     "ResponseTooLargeError",

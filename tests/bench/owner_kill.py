@@ -60,7 +60,7 @@ from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.router.actor import ROUTER_NAME
 from actors.router.api import RouteCommand
-from actors.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
+from actors.upstream.api import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
 from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2

@@ -36,8 +36,7 @@ from thespian.actors import ActorSystem
 from actors.core.permits import Caller, Pool
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Upstream
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.methods import PROXY_REGISTER
+from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
 from actors.upstream.regulator import NAME as REGULATOR
 from actors.upstream.regulator import Regulator
 from gateway.upstream.calls import UpstreamCalls, UpstreamRefused

@@ -56,11 +56,24 @@ from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.core.verdicts import HeartbeatVerdict
-from actors.registry.api import Commit, Committed, Reserve, Reserved, Taken, TakePending
-from actors.registry.sessions import AGENTS_TABLE, REGISTRY_NAME
+from actors.registry.api import (
+    AGENTS_TABLE,
+    REGISTRY_NAME,
+    Commit,
+    Committed,
+    Reserve,
+    Reserved,
+    Taken,
+    TakePending,
+)
 from actors.upstream.actor import NAME as UPSTREAM
-from actors.upstream.channel import Channel, UpstreamCallError
-from actors.upstream.methods import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
+from actors.upstream.api import (
+    NOTIFY_STREAM_STATUS,
+    PROXY_REGISTER,
+    SESSION_ID_METADATA,
+    Channel,
+    UpstreamCallError,
+)
 from actors.upstream.notify import WIRE_CAPABILITIES
 from gateway.config.keys.cluster import CLUSTER_ID
 from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS

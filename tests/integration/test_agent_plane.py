@@ -24,8 +24,7 @@ import pytest
 
 from actors.agents.api import DeliverCommand
 from actors.agents.owner_table import owner_row
-from actors.registry.api import GetCounts, RegistryCounts
-from actors.registry.sessions import pending_of
+from actors.registry.api import GetCounts, RegistryCounts, pending_of
 from gateway.devstack.fake_upstream import FakeUpstream, Presented
 from gateway.node.node import Node
 from gateway.upstream.channel_actor import upstream_channel

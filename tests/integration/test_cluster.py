@@ -18,8 +18,8 @@ from google.protobuf import empty_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from actors.cluster.peers import CLUSTER_NAME, connected_links
-from actors.registry.sessions import held_agent_ids
+from actors.cluster.api import CLUSTER_NAME, connected_links
+from actors.registry.api import held_agent_ids
 from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import PeerLink
 from gateway.devstack.fake_upstream import FakeUpstream

@@ -22,8 +22,7 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 from grpclib.server import Stream as ServerStream
 
-from actors.cluster.api import LinkEnded, PeerEnded, PeerFrame
-from actors.cluster.peers import connected_links
+from actors.cluster.api import LinkEnded, PeerEnded, PeerFrame, connected_links
 from gateway.cluster.auth import Opener, Sealer, stream_key
 from gateway.cluster.batches import BATCH, MAX_BATCH_BYTES, pack, unpack
 from gateway.cluster.commands import (

@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 
 from actors.agents.owner_table import owner_row
 from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
-from actors.registry.sessions import REGISTRY_NAME
+from actors.registry.api import REGISTRY_NAME
 from actors.router.actor import ROUTER_NAME
 from actors.upstream.actor import NAME as UPSTREAM
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY

@@ -20,17 +20,17 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
 from prometheus_client import CollectorRegistry
 
-from gateway.agent.retry_hint import (
+from gateway.config.terms import parse_term
+from gateway.listeners.listener_actor import Drain, Drained, ListenerActor, ListenerArgs
+from gateway.listeners.metrics import ListenerMetrics
+from gateway.listeners.protocol import DRAINING
+from gateway.listeners.retry_hint import (
     PUSHBACK_HEADER,
     STOPPING_HINT_MS,
     HintedRefusal,
     RefusalKind,
     send_refusal,
 )
-from gateway.config.terms import parse_term
-from gateway.listeners.listener_actor import Drain, Drained, ListenerActor, ListenerArgs
-from gateway.listeners.metrics import ListenerMetrics
-from gateway.listeners.protocol import DRAINING
 from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import resolve_routes
 from protos.yuzu.agent.v1 import agent_pb2

@@ -31,6 +31,7 @@ from h2.events import (
 from h2.settings import SettingCodes
 from prometheus_client import CollectorRegistry
 
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.keys import listeners as listener_keys
 from gateway.config.resolve import resolve_section
@@ -51,7 +52,6 @@ from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.proxy_header import Command, Family, ProxyHeader, encode_v2
 from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import ListenerBoard, listener_child_specs, resolve_routes
-from gateway.node.context import NodeContext
 from protos.yuzu.agent.v1 import agent_grpc, agent_pb2
 from supervisors.errors import InitFailed
 from supervisors.supervisor import Supervisor, SupFlags, SupSpec

@@ -20,7 +20,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.registry.sessions import agent_session
+from actors.registry.api import agent_session
 from actors.router.actor import ROUTER_NAME
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node.node import Node

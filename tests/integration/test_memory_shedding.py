@@ -20,9 +20,9 @@ import grpc
 import grpc.aio
 import pytest
 
+from gateway.config.refusal import BootRefused
 from gateway.node import memory_reader
 from gateway.node.node import Node
-from gateway.node.refusal import BootRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.node import TEST_CONFIG, http_get, running_node
 

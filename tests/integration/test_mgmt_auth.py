@@ -20,6 +20,7 @@ import pytest
 from grpclib.const import Cardinality, Handler
 from prometheus_client import CollectorRegistry
 
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
@@ -27,7 +28,6 @@ from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.listeners.tree import listener_child_specs
 from gateway.mgmt.auth.gate import REFUSED_MESSAGE
 from gateway.mgmt.auth.tree import mgmt_auth_tree
-from gateway.node.context import NodeContext
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.supervisor import Supervisor, SupFlags, SupSpec
 from tests.support.actors import Harness, run

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config.refusal import BootRefused
 from gateway.http.server import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
-from gateway.node.refusal import BootRefused
 from supervisors.api import which_children
 from tests.support.node import ROOT, TEST_CONFIG, http_get, node_env, running_node
 

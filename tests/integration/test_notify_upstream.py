@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from actors.core.breaker import State
 from actors.core.notify_store import Event
-from actors.registry.sessions import OWNERS_TABLE
+from actors.registry.api import OWNERS_TABLE
 from actors.upstream.actor import breaker_view
 from actors.upstream.api import ForwardGuardian, Notify
 from gateway.devstack.fake_upstream import Call, FakeUpstream

@@ -19,10 +19,10 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame
 
 from actors.core.overload_goaway import GRACE_S, TICK_S
-from gateway.agent.retry_hint import OVERLOADED_HINT_MS, PUSHBACK_HEADER
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.listener_actor import actor_name
 from gateway.listeners.metrics import GOAWAY_REASONS
+from gateway.listeners.retry_hint import OVERLOADED_HINT_MS, PUSHBACK_HEADER
 from gateway.listeners.server import ListenerServer
 from gateway.node.node import Node
 from tests.integration.test_agent_plane import until

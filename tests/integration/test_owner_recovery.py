@@ -22,8 +22,8 @@ from actors.agents.owner_table import owner_row
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.router.actor import ROUTER_NAME
 from actors.router.api import RouteCommand
-from gateway.agent.retry_hint import PUSHBACK_HEADER
 from gateway.devstack.fake_upstream import FakeUpstream
+from gateway.listeners.retry_hint import PUSHBACK_HEADER
 from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2

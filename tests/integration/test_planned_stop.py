@@ -21,10 +21,10 @@ import grpc
 import pytest
 
 from actors.agents.owner_table import owner_row
-from actors.node.stop import RoutingStopped, StopAdmitting, StopRouting
-from gateway.agent.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
+from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION
 from gateway.devstack.fake_upstream import FakeUpstream
+from gateway.listeners.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
 from gateway.node.boot import prepare
 from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2

@@ -1,6 +1,7 @@
 """Retry hints on the wire: a refusal the gateway answers itself carries `grpc-retry-pushback-ms`
-in its trailers, in its kind's range and jittered (gateway/agent/retry_hint.py, docs/agent-plane.md
-"Retry hints"). grpcio agents and operators against a real node whose upstream is the fake server.
+in its trailers, in its kind's range and jittered (gateway/listeners/retry_hint.py,
+docs/agent-plane.md "Retry hints"). grpcio agents and operators against a real node whose
+upstream is the fake server.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import grpc.aio
 import pytest
 
 from actors.router.actor import ROUTER_NAME
-from gateway.agent.retry_hint import (
+from gateway.listeners.retry_hint import (
     BREAKER_HINT_MS,
     CAPACITY_HINT_MS,
     PUSHBACK_HEADER,

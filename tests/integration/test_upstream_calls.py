@@ -18,8 +18,7 @@ import pytest
 from actors.core.breaker import ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream.actor import breaker_view
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.methods import PROXY_REGISTER
+from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
 from actors.upstream.regulator import GetPermits, PermitSnapshot
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.upstream.calls import UpstreamRefused

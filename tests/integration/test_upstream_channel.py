@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from actors.core.breaker import ResultKind
 from actors.upstream import methods
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
-from gateway.node.context import NodeContext
 from gateway.upstream.channel import UpstreamChannel
 from gateway.upstream.channel_actor import (
     READINESS_CHECK,

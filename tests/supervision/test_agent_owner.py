@@ -21,14 +21,16 @@ from grpclib.const import Status
 
 from actors.agents.api import (
     AgentFrame,
+    CommandAnswer,
+    CommandFailed,
     DeliverCommand,
+    ForgetCommand,
     OwnerArgs,
     StreamClosed,
     StreamEnd,
     StreamHandle,
 )
 from actors.agents.owner import AgentOwner
-from actors.agents.owner_messages import CommandAnswer, CommandFailed, ForgetCommand
 from actors.agents.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
 from actors.agents.sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
 from actors.core.notify_store import Event
@@ -39,6 +41,7 @@ from actors.core.owner_lifecycle import (
 )
 from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
+    REGISTRY_NAME,
     Commit,
     Committed,
     ConnectionDown,
@@ -46,11 +49,13 @@ from actors.registry.api import (
     Reserved,
     Taken,
     TakePending,
+    admit,
+    session_of,
 )
-from actors.registry.sessions import REGISTRY_NAME, admit, session_of
-from actors.upstream.api import ForwardGuardian, Notify
-from actors.upstream.recovery_messages import (
+from actors.upstream.api import (
     DisconnectSettled,
+    ForwardGuardian,
+    Notify,
     PresentSession,
     SessionPresented,
     SettleDisconnected,

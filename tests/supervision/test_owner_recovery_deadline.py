@@ -11,7 +11,7 @@ from actors.agents import owner as agent_owner
 from actors.agents.api import StreamEnd
 from actors.agents.owner_table import owner_row
 from actors.core.owner_lifecycle import RECOVERY_FAILED_DETAILS
-from actors.upstream.recovery_messages import DisconnectSettled, SessionPresented
+from actors.upstream.api import DisconnectSettled, SessionPresented
 from supervisors.address import Address
 from tests.supervision.test_agent_owner import UNAVAILABLE, drain, tree
 from tests.support.actors import Harness, actor_test

@@ -17,14 +17,22 @@ import pytest
 
 from actors.core.pending import PendingPolicy
 from actors.core.reservations import SlotPolicy
-from actors.node.readiness import Readiness
+from actors.node.api import Readiness
 from actors.registry.actor import Registry, RegistryArgs, registry_child_spec
 from actors.registry.api import (
+    AGENTS_TABLE,
+    CONNECTIONS_TABLE,
+    OWNERS_TABLE,
+    PENDING_TABLE,
+    REGISTRY_NAME,
+    SESSIONS_INDEX,
     SUPERSEDED_LOG,
+    Binding,
     Commit,
     CommitRefused,
     Committed,
     ConnectionDown,
+    ConnUsage,
     GetCounts,
     OwnerRefused,
     OwnerRegistered,
@@ -39,17 +47,6 @@ from actors.registry.api import (
     TakePending,
     TakeRefused,
     Unregister,
-)
-from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
-from actors.registry.sessions import (
-    AGENTS_TABLE,
-    CONNECTIONS_TABLE,
-    OWNERS_TABLE,
-    PENDING_TABLE,
-    REGISTRY_NAME,
-    SESSIONS_INDEX,
-    Binding,
-    ConnUsage,
     admit,
     binding_of,
     install_readiness,
@@ -57,6 +54,7 @@ from actors.registry.sessions import (
     readiness_checks,
     session_of,
 )
+from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
 from supervisors.errors import TableGone
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 from tests.support.actors import Child, Crash, Exit, Harness, actor_test

@@ -1,4 +1,4 @@
-"""An in-memory upstream channel (the `actors.upstream.channel.Channel` protocol) for actor tests.
+"""An in-memory upstream channel (the `actors.upstream.api.Channel` protocol) for actor tests.
 
 No sockets: `unary` answers from a script, after a latency, and records what it was sent. It
 models what the call path must cope with: a per-method latency, scripted outcomes (a response
@@ -24,14 +24,14 @@ from google.protobuf.message import Message
 from actors.core.breaker import ResultKind
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Upstream
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import UpstreamCallError
 from actors.upstream.regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, Regulator
 from actors.upstream.regulator import NAME as REGULATOR
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.node.context import NodeContext
 from gateway.upstream.calls import UpstreamCalls
 from supervisors.address import Address
 from supervisors.process import Process

@@ -3,9 +3,9 @@ boot check that resolves the shedder's marks against the memory limit.
 
 `memory_shedding` is strict (seed, "Marks that cannot work refuse to start"; SPEC_INDEX B21,
 B22): an unknown key or a value of the wrong type refuses boot, and with shedding enabled the
-check in `CHECKS` reads the memory limit (gateway/node/memory_limit.py) and refuses marks that could
-never work, all as `Refusing to start: {yuzu_gw,memory_shedding}: ...`. The resolved marks go
-back into the config (`MemoryShedding.plan`), so the limit is read once, at boot.
+check in `CHECKS` reads the memory limit (gateway/config/memory_limit.py) and refuses marks
+that could never work, all as `Refusing to start: {yuzu_gw,memory_shedding}: ...`. The
+resolved marks go back into the config (`MemoryShedding.plan`), so the limit is read once, at boot.
 
 `mem_reclaim` never stops the gateway (seed, "Giving memory back after a drop"; MR-05): each bad
 entry is logged `gateway memory reclaim: ignoring ...` and its default used. No `YUZU_GW_*`
@@ -30,11 +30,11 @@ from actors.core.shedder_marks import (
     resolve_marks,
 )
 from gateway.config.converters import BadValue, Boolean, IntRange
+from gateway.config.memory_limit import MemoryLimit, read_memory_limit
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.schema import Check, Key
 from gateway.config.terms import Atom, Term
-from gateway.node.memory_limit import MemoryLimit, read_memory_limit
-from gateway.node.refusal import BootRefused
 
 if TYPE_CHECKING:
     from gateway.config.config import Config

@@ -20,9 +20,9 @@ import attrs
 
 from gateway.config.converters import BadValue, text_of
 from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, Term
 from gateway.mgmt.auth.reasons import Mode
-from gateway.node.refusal import BootRefused
 
 __all__ = [
     "BAD_DENIED",

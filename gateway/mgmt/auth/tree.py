@@ -21,6 +21,7 @@ from __future__ import annotations
 import attrs
 
 from gateway.config.config import Config
+from gateway.config.context import NodeContext
 from gateway.config.keys.listeners import GRPC_LISTENERS
 from gateway.config.keys.mgmt import (
     MGMT_PEER_AUTH_MODE,
@@ -35,7 +36,6 @@ from gateway.mgmt.auth.gate import PeerGate, PinBoard
 from gateway.mgmt.auth.metrics import mgmt_auth_metrics
 from gateway.mgmt.auth.watch import CertWatch, WatchedFile
 from gateway.mgmt.auth.watcher import NAME, PinWatcher, WatcherArgs
-from gateway.node.context import NodeContext
 from supervisors.supervisor import ChildSpec
 
 __all__ = ["MgmtAuthTree", "mgmt_auth_tree", "policy_of", "watched_files"]

@@ -22,12 +22,12 @@ from actors.core.reclaim import (
 )
 from actors.memory import reclaim as mem_reclaim
 from actors.memory.reclaim import MemReclaimActor, agent_count, load_malloc_trim
-from actors.registry.sessions import AGENTS_TABLE
+from actors.registry.api import AGENTS_TABLE
 from gateway.config.config import Config
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.keys.shedder import MEM_RECLAIM, MemReclaim
 from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.node.context import NodeContext
 from tests.support.actors import Child, Harness, actor_test, run
 
 POLICY = ReclaimPolicy(followup_s=30.0, trim_interval_s=300.0)

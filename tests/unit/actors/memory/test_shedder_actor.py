@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from actors.memory.shedder import NAME, READINESS_CHECK, MemoryShedder, agent_listeners
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.keys.shedder import MEMORY_SHEDDING, SheddingPlan, shared_by
 from gateway.config.resolve import resolve_section
@@ -32,7 +33,6 @@ from gateway.listeners.listener_actor import (
 )
 from gateway.listeners.spec import ListenerSpec
 from gateway.node import memory_reader
-from gateway.node.context import NodeContext
 from supervisors.address import Address
 from supervisors.process import Process
 from tests.support.actors import Harness, actor_test

@@ -20,11 +20,11 @@ from actors.node.metrics import (
     node_metrics,
     process_memory,
 )
+from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.node.context import NodeContext
 from supervisors.process import Process
 from supervisors.reason import SHUTDOWN
 from tests.support.actors import Harness, Ping, actor_test

@@ -13,14 +13,28 @@ from typing import Any
 
 import attrs
 
-from actors.agents.api import AgentFrame, DeliverCommand, OwnerArgs, StreamClosed, StreamHandle
-from actors.agents.owner_messages import CommandFailed, ForgetCommand
+from actors.agents.api import (
+    AgentFrame,
+    CommandFailed,
+    DeliverCommand,
+    ForgetCommand,
+    OwnerArgs,
+    StreamClosed,
+    StreamHandle,
+)
 from actors.agents.owner_table import create_owner_table
 from actors.agents.sup import AGENT_SUP_NAME, AgentSup
 from actors.agents.watch import WATCHERS_TABLE, Watcher, create_watch_table
 from actors.registry.actor import Registry, RegistryArgs
-from actors.registry.api import Commit, OwnerUp, Reserve, TakePending
-from actors.registry.sessions import REGISTRY_NAME, agent_session, held_agent_ids
+from actors.registry.api import (
+    REGISTRY_NAME,
+    Commit,
+    OwnerUp,
+    Reserve,
+    TakePending,
+    agent_session,
+    held_agent_ids,
+)
 from actors.router.actor import ROUTER_NAME, Router, RouterArgs
 from actors.router.api import AbandonCommand, RouteCommand
 from protos.yuzu.agent.v1 import agent_pb2

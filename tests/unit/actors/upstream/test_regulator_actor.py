@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from actors.core.breaker import Lane, ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream.actor import Outcome, breaker_view
-from actors.upstream.methods import PROXY_INVENTORY, PROXY_REGISTER
+from actors.upstream.api import PROXY_INVENTORY, PROXY_REGISTER
 from actors.upstream.regulator import GetPermits, PermitSnapshot
 from gateway.upstream.calls import UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from actors.core.permits import Caller
-from actors.node.stop import StopAdmitting
-from actors.upstream.methods import PROXY_INVENTORY
+from actors.node.api import StopAdmitting
+from actors.upstream.api import PROXY_INVENTORY
 from gateway.upstream.calls import UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test

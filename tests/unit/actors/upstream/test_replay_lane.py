@@ -18,7 +18,7 @@ import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
-from actors.agents.owner_messages import EndSession
+from actors.agents.api import EndSession
 from actors.agents.owner_table import OwnerRow
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event
@@ -28,12 +28,10 @@ from actors.core.verdicts import HeartbeatVerdict
 from actors.heartbeat.api import BufferHeartbeat
 from actors.heartbeat.buffer import NAME as BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
-from actors.registry.sessions import AGENTS_TABLE, OWNERS_TABLE, AgentRow
+from actors.registry.api import AGENTS_TABLE, OWNERS_TABLE, AgentRow
 from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import breaker_view
-from actors.upstream.api import Notify
-from actors.upstream.channel import UpstreamCallError
-from actors.upstream.methods import PROXY_REGISTER, SESSION_ID_METADATA
+from actors.upstream.api import PROXY_REGISTER, SESSION_ID_METADATA, Notify, UpstreamCallError
 from actors.upstream.replay import NOT_ACCEPTED_DETAILS, SUPERSEDED_DETAILS
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2

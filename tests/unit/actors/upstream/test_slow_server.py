@@ -30,9 +30,8 @@ from actors.core.slow_server import (
     SlowLane,
     SlowServer,
 )
-from actors.upstream.api import ForwardGuardian, Notify
+from actors.upstream.api import PROXY_REGISTER, ForwardGuardian, Notify
 from actors.upstream.guardian import MAX_INFLIGHT as GUARDIAN_SLOTS
-from actors.upstream.methods import PROXY_REGISTER
 from actors.upstream.slow_metrics import SLOW
 from actors.upstream.slow_sampler import NAME, SlowSampler, saturated_lanes
 from protos.yuzu.agent.v1 import agent_pb2

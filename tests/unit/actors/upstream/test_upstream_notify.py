@@ -21,12 +21,10 @@ from thespian.actors import ActorExitRequest
 from actors.core.breaker import State
 from actors.core.notify_store import Event
 from actors.core.permits import Caller
-from actors.registry.sessions import OWNERS_TABLE
+from actors.registry.api import OWNERS_TABLE
 from actors.upstream.actor import FlushDone, FlushNotifications, RaiseNotifyCap, breaker_view
-from actors.upstream.api import ForwardGuardian, Notify
-from actors.upstream.channel import UpstreamCallError
+from actors.upstream.api import PROXY_REGISTER, ForwardGuardian, Notify, UpstreamCallError
 from actors.upstream.guardian import MAX_INFLIGHT as GUARDIAN_MAX
-from actors.upstream.methods import PROXY_REGISTER
 from actors.upstream.notify import NotifyLane, notify_pending_max
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2

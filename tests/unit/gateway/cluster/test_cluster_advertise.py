@@ -18,7 +18,7 @@ from gateway.cluster import local_host
 from gateway.cluster.advertise import ADVERTISE_VAR, FALLBACK_ADDR, LocalHost, Step, choose
 from gateway.cluster.local_host import bounded_resolver, local_ipv4_addrs, parse_fib_trie
 from gateway.config.loader import PROJECT_ROOT, load
-from gateway.node.refusal import BootRefused
+from gateway.config.refusal import BootRefused
 from gateway.release.plan import pin_advertise, plan
 from tests.unit.gateway.config.test_config_cookie import vm_args
 

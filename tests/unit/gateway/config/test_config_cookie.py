@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.cookie import MIN_COOKIE_CHARS, check_distribution_cookie
+from gateway.config.refusal import BootRefused, refusing_boot
 from gateway.config.vm_args import (
     DEFAULT_NODE_NAME,
     HISTORICAL_DEFAULT_COOKIE,
@@ -16,7 +17,6 @@ from gateway.config.vm_args import (
     NodeArgs,
     parse_vm_args,
 )
-from gateway.node.refusal import BootRefused, refusing_boot
 
 SHIPPED_LIKE = "-name yuzu_gw@127.0.0.1\n-setcookie ${YUZU_GW_COOKIE}\n"
 

@@ -15,8 +15,8 @@ from gateway.config.loader import (
     load,
     load_config,
 )
+from gateway.config.refusal import BootRefused, refusing_boot
 from gateway.config.schema import Source
-from gateway.node.refusal import BootRefused, refusing_boot
 
 SYS_CONFIG = PROJECT_ROOT / "sys_config"
 VM_ARGS = SYS_CONFIG / "vm.args"

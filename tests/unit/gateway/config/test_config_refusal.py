@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gateway.node.refusal import BOOT_LOGGER, BootRefused, log_refusal, refusing_boot
+from gateway.config.refusal import BOOT_LOGGER, BootRefused, log_refusal, refusing_boot
 
 
 def test_defect_term_with_and_without_context() -> None:

@@ -14,10 +14,10 @@ from gateway.config.closed import closed_map
 from gateway.config.config import Config
 from gateway.config.converters import IntRange
 from gateway.config.keys import SCHEMA, cluster, heartbeat, listeners, node, upstream
+from gateway.config.refusal import BootRefused, refusing_boot
 from gateway.config.resolve import resolve_section
 from gateway.config.schema import Key, Schema, Source
 from gateway.config.terms import Atom, Term, parse_term
-from gateway.node.refusal import BootRefused, refusing_boot
 
 CONFIG = "yuzu_gw.config"
 BOOT = "yuzu_gw.boot"

@@ -20,10 +20,10 @@ from gateway.config.keys.shedder import (
     resolve_memory_shedding,
     shared_by,
 )
+from gateway.config.memory_limit import MemoryLimit
+from gateway.config.refusal import BootRefused, log_refusal
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
-from gateway.node.memory_limit import MemoryLimit
-from gateway.node.refusal import BootRefused, log_refusal
 
 GIB = 1024**3
 # Without the listeners' refusal of a gateway with no agent listener, and without the memory

@@ -12,6 +12,7 @@ import pytest
 
 from gateway.config.keys import SCHEMA
 from gateway.config.keys import listeners as listener_keys
+from gateway.config.refusal import BootRefused
 from gateway.config.resolve import resolve_section
 from gateway.config.schema import Schema
 from gateway.config.terms import Atom, ExternalFun, Term, parse_term
@@ -28,7 +29,6 @@ from gateway.listeners.tree import (
     check_fd_limit,
     resolve_routes,
 )
-from gateway.node.refusal import BootRefused
 from protos.yuzu.agent.v1 import agent_grpc
 
 AGENT = (

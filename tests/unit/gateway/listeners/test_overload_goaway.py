@@ -21,9 +21,9 @@ from actors.core.overload_goaway import (
     Watermarks,
     WatermarksRefused,
 )
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import parse_term
 from gateway.listeners.spec import LOW_NOT_BELOW_HIGH, OVERLOAD_ON_MGMT, parse_listeners
-from gateway.node.refusal import BootRefused
 
 AGENT = (
     "name => agent, service_protos => [agent_pb],"

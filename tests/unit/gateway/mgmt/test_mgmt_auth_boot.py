@@ -13,11 +13,11 @@ from gateway.config.config import Config
 from gateway.config.keys import SCHEMA, mgmt
 from gateway.config.keys import listeners as listener_keys
 from gateway.config.loader import PROJECT_ROOT, load_config
+from gateway.config.refusal import BootRefused
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.mgmt.auth.reasons import Mode
 from gateway.mgmt.auth.settings import FilePin, SpkiPin
-from gateway.node.refusal import BootRefused
 from tests.support.certs import CertAuthority, Pki, server_identity, write_pki
 
 LOGGER = mgmt.MGMT_LOGGER

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from gateway.config.keys.cluster import CLUSTER_PORT
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.config.keys.shedder import MEMORY_SHEDDING
+from gateway.config.refusal import BootRefused
 from gateway.config.schema import Source
 from gateway.listeners.server import REUSEPORT_VAR
 from gateway.node.boot import prepare
-from gateway.node.refusal import BootRefused
 from gateway.release import plan as release_plan
 from gateway.release.plan import (
     MAX_NODES,

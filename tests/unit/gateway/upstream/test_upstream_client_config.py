@@ -11,9 +11,9 @@ import pytest
 
 from gateway.config.keys import upstream
 from gateway.config.loader import PROJECT_ROOT, load_config
+from gateway.config.refusal import BootRefused
 from gateway.config.terms import parse_term
 from gateway.node.boot import prepare
-from gateway.node.refusal import BootRefused
 from gateway.upstream import tls_files
 from gateway.upstream.boot_check import (
     ALLOW_UNVERIFIED_ENV,

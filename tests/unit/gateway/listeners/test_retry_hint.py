@@ -1,6 +1,5 @@
-"""Retry hints (gateway/agent/retry_hint.py): the ranges, the jitter, the trailer grpclib would not
-send,
-and which refusal gets which kind (gateway/agent/status.py)."""
+"""Retry hints (gateway/listeners/retry_hint.py): the ranges, the jitter, the trailer grpclib
+would not send, and which refusal gets which kind (gateway/agent/status.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from grpclib.exceptions import GRPCError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.agent.retry_hint import (
+from gateway.agent.status import session_refused, upstream_refused
+from gateway.listeners.retry_hint import (
     HINT_RANGES_MS,
     PUSHBACK_HEADER,
     HintedRefusal,
@@ -24,7 +24,6 @@ from gateway.agent.retry_hint import (
     send_refusal,
     trailer,
 )
-from gateway.agent.status import session_refused, upstream_refused
 from gateway.upstream.calls import RefusalReason, UpstreamRefused
 
 kinds = st.sampled_from(RefusalKind)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.node.memory_limit import V1_UNLIMITED, MemoryLimit, read_memory_limit
+from gateway.config.memory_limit import V1_UNLIMITED, MemoryLimit, read_memory_limit
 
 GIB = 1024**3
 HOST_KB = 16 * 1024 * 1024  # 16 GiB

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 from prometheus_client import CollectorRegistry
 
-from actors.node.readiness import Readiness
+from actors.node.api import Readiness
 from gateway.config import Config
 from gateway.config.vm_args import NodeArgs
 
