@@ -8,7 +8,7 @@ its effects:
     init            mint the stream home id (32 hex), look for a predecessor's row, `begin`
                     (a dead predecessor's: recovery, docs/owner-recovery.md)
     RegisterSession OwnerUp to the registry, which is watched until it answers
-    WriteRow        this owner's row in the owner table (actors/agents/owner_table.py)
+    WriteRow        this owner's row in the owner table (actors/agents/api.py)
     Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
     Stop            end `normal` (a message to itself while still in `init`)
     SettleDisconnected / PresentSession   to `upstream` (actors/upstream/recovery.py) while
@@ -44,6 +44,7 @@ from grpclib.const import Status
 from thespian.actors import WakeupMessage
 
 from actors.agents.api import (
+    OWNERS_TABLE,
     AgentFrame,
     CommandAnswer,
     CommandFailed,
@@ -52,11 +53,13 @@ from actors.agents.api import (
     FailReason,
     ForgetCommand,
     OwnerArgs,
+    OwnerRow,
+    OwnerState,
     StreamClosed,
     StreamEnd,
+    owner_row,
 )
 from actors.agents.metrics import owner_metrics
-from actors.agents.owner_table import OWNERS_TABLE, OwnerRow, OwnerState, owner_row
 from actors.agents.watch import publish
 from actors.core.notify_store import Event, log_text, sanitise_peer_addr
 from actors.core.owner_commands import PendingCommands, is_guardian_event

@@ -22,10 +22,9 @@ from typing import Any
 
 import attrs
 
-from actors.agents.api import OwnerArgs
+from actors.agents.api import OWNERS_TABLE, OwnerArgs, OwnerRow
 from actors.agents.metrics import install_owner_metrics
 from actors.agents.owner import AgentOwner
-from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
 from gateway.config import Config
 from gateway.config.context import NodeContext
 from gateway.config.keys.sessions import AGENT_RESTART_INTENSITY, AGENT_RESTART_PERIOD_S

@@ -1,10 +1,13 @@
-"""Messages the `heartbeat_buffer` actor takes from request processes."""
+"""The `heartbeat_buffer` actor's registered name and the messages it takes from request
+processes."""
 
 from __future__ import annotations
 
 import attrs
 
 from protos.yuzu.agent.v1 import agent_pb2
+
+NAME = "heartbeat_buffer"
 
 
 @attrs.frozen

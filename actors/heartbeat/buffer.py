@@ -66,11 +66,10 @@ if TYPE_CHECKING:
     from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
-__all__ = ["NAME", "HeartbeatBufferActor", "outcome_of"]
+__all__ = ["HeartbeatBufferActor", "outcome_of"]
 
 log = logging.getLogger("yuzu_gw.heartbeat_buffer")
 
-NAME = "heartbeat_buffer"
 _FLUSH = "heartbeat_flush"
 _DEADLINE = "heartbeat_shutdown_deadline"
 # A call is never given less than this, so a deadline already reached still gets an answer fast.

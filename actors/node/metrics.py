@@ -44,7 +44,7 @@ from typing import Any, Final
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from actors.heartbeat.buffer import NAME as BUFFER_ACTOR
+from actors.heartbeat.api import NAME as BUFFER_ACTOR
 from gateway.node.memory_reader import STATUS_PATH
 from supervisors import introspection
 from supervisors.runtime import LoopSystemBase

@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 from grpclib.const import Status
 
-from actors.agents.api import EndSession
-from actors.agents.owner_table import OwnerRow, owner_row
+from actors.agents.api import EndSession, OwnerRow, owner_row
 from actors.core import Count, LogLine
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event, Notification, log_text

@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 
 from actors.agents.owner import AgentOwner
-from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from actors.registry.actor import Registry
 from actors.registry.api import REGISTRY_NAME

@@ -33,9 +33,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
-from actors.agents.owner_table import OWNERS_TABLE
+from actors.agents.api import OWNERS_TABLE
 from actors.agents.sup import AGENT_SUP_NAME
-from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.memory.shedder import NAME as MEMORY_SHEDDER
 from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
 from actors.router.actor import ROUTER_NAME

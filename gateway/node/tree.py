@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.agents.owner_table import create_owner_table
+from actors.agents.api import create_owner_table
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.agents.watch import create_watch_table
 from actors.registry.api import ConnectionDown, registry_address

@@ -54,8 +54,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.agents.api import StreamHandle
-from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
+from actors.agents.api import OWNERS_TABLE, OwnerRow, StreamHandle
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.router.actor import ROUTER_NAME

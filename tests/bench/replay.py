@@ -51,8 +51,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from pathlib import Path
 from typing import Any
 
-from actors.agents.api import OwnerArgs, StreamHandle
-from actors.agents.owner_table import OWNERS_TABLE, OwnerRow
+from actors.agents.api import OWNERS_TABLE, OwnerArgs, OwnerRow, StreamHandle
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.core.verdicts import HeartbeatVerdict

@@ -22,8 +22,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.agents.api import DeliverCommand
-from actors.agents.owner_table import owner_row
+from actors.agents.api import DeliverCommand, owner_row
 from actors.registry.api import GetCounts, RegistryCounts, pending_of
 from gateway.devstack.fake_upstream import FakeUpstream, Presented
 from gateway.node.node import Node

@@ -29,8 +29,8 @@ import grpc.aio
 import pytest
 from google.protobuf.message import Message
 
-from actors.agents.owner_table import owner_row
-from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
+from actors.agents.api import owner_row
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.registry.api import REGISTRY_NAME
 from actors.router.actor import ROUTER_NAME
 from actors.upstream.actor import NAME as UPSTREAM

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from actors.agents.owner_table import owner_row
+from actors.agents.api import owner_row
 from actors.agents.sup import AGENT_SUP_NAME
 from actors.router.actor import ROUTER_NAME
 from actors.router.api import RouteCommand

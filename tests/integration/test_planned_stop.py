@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from actors.agents.owner_table import owner_row
+from actors.agents.api import owner_row
 from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION
 from gateway.devstack.fake_upstream import FakeUpstream

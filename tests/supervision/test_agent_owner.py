@@ -20,18 +20,21 @@ import attrs
 from grpclib.const import Status
 
 from actors.agents.api import (
+    OWNERS_TABLE,
     AgentFrame,
     CommandAnswer,
     CommandFailed,
     DeliverCommand,
     ForgetCommand,
     OwnerArgs,
+    OwnerRow,
     StreamClosed,
     StreamEnd,
     StreamHandle,
+    create_owner_table,
+    owner_row,
 )
 from actors.agents.owner import AgentOwner
-from actors.agents.owner_table import OWNERS_TABLE, OwnerRow, create_owner_table, owner_row
 from actors.agents.sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
 from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (

@@ -12,8 +12,8 @@ import asyncio
 from thespian.actors import ActorExitRequest
 
 from actors.core.heartbeat_buffer import HeartbeatBuffer, HeartbeatPolicy
-from actors.heartbeat.api import BufferHeartbeat
-from actors.heartbeat.buffer import NAME, HeartbeatBufferActor
+from actors.heartbeat.api import NAME, BufferHeartbeat
+from actors.heartbeat.buffer import HeartbeatBufferActor
 from gateway.config.context import NodeContext
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2

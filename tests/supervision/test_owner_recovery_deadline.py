@@ -8,8 +8,7 @@ tests/unit/actors/core/test_owner_recovery.py.
 from __future__ import annotations
 
 from actors.agents import owner as agent_owner
-from actors.agents.api import StreamEnd
-from actors.agents.owner_table import owner_row
+from actors.agents.api import StreamEnd, owner_row
 from actors.core.owner_lifecycle import RECOVERY_FAILED_DETAILS
 from actors.upstream.api import DisconnectSettled, SessionPresented
 from supervisors.address import Address

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.heartbeat.buffer import NAME as HEARTBEAT_BUFFER
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from gateway.config.context import NodeContext
 from supervisors.supervisor import ChildSpec

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from google.protobuf.message import Message
 
-from actors.agents.owner_table import OwnerRow
+from actors.agents.api import OwnerRow
 from actors.upstream.api import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2

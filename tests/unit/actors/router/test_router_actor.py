@@ -21,8 +21,8 @@ from actors.agents.api import (
     OwnerArgs,
     StreamClosed,
     StreamHandle,
+    create_owner_table,
 )
-from actors.agents.owner_table import create_owner_table
 from actors.agents.sup import AGENT_SUP_NAME, AgentSup
 from actors.agents.watch import WATCHERS_TABLE, Watcher, create_watch_table
 from actors.registry.actor import Registry, RegistryArgs

@@ -18,15 +18,14 @@ import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
-from actors.agents.api import EndSession
-from actors.agents.owner_table import OwnerRow
+from actors.agents.api import EndSession, OwnerRow
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event
 from actors.core.permits import Caller
 from actors.core.replay_queue import Phase, ReplayQueue
 from actors.core.verdicts import HeartbeatVerdict
+from actors.heartbeat.api import NAME as BUFFER
 from actors.heartbeat.api import BufferHeartbeat
-from actors.heartbeat.buffer import NAME as BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from actors.registry.api import AGENTS_TABLE, OWNERS_TABLE, AgentRow
 from actors.upstream.actor import NAME as UPSTREAM
