@@ -13,7 +13,7 @@ Outputs, next to each ``.proto``:
 
 The repository root is the only include path, and the ``.proto`` files import each other as
 ``"protos/yuzu/..."``, so every generated import is rooted at the top-level ``protos`` package
-(``import protos.yuzu.common.v1.common_pb2``). See docs/protos.md.
+(``import protos.yuzu.common.v1.common_pb2``). See docs/dev/protos.md.
 
 ``--check`` exits with status 1 and lists the generated files that are stale, missing or no
 longer produced by any source; ``tests/unit/protos/test_protos_generated.py`` runs the same check.

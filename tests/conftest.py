@@ -1,5 +1,5 @@
 """Hypothesis profiles: the suite is deterministic by default, so CI judges the change and not
-the luck of the draw; `HYPOTHESIS_PROFILE=explore` searches fresh examples (docs/testing.md)."""
+the luck of the draw; `HYPOTHESIS_PROFILE=explore` searches fresh examples (docs/dev/testing.md)."""
 
 from __future__ import annotations
 

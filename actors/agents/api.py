@@ -21,6 +21,7 @@ callers may send back (the registry's side is actors/registry/api.py):
                       CommandFailed when the command cannot get (more) answers
     caller -> owner   ForgetCommand when it stops waiting (its own timeout)
     upstream -> owner EndSession when the server refused the session on a registration replay
+                      (actors/upstream/api.py)
 
 The owner table: one row per agent session, written by the session's owner.
 
@@ -43,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 
@@ -53,12 +54,14 @@ from supervisors.address import Address
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
-    from actors.agents.api import OwnerArgs
-    from protos.yuzu.agent.v1 import agent_pb2
     from supervisors.process import Process
     from supervisors.runtime import LoopSystemBase
     from supervisors.table import Table
 
+
+# The supervisor of the owners (actors/agents/sup.py): the Subscribe handler starts each owner
+# under it by this name.
+AGENT_SUP_NAME: Final = "agent_sup"
 
 # Outbound frames queued for one agent before the owner treats the stream as stuck and
 # ends it: a healthy agent drains its stream continuously; a stuck one must not hold memory.
@@ -229,17 +232,6 @@ class ForgetCommand:
     """Tell: the caller stopped waiting for `command_id`; later answers are dropped."""
 
     command_id: str
-
-
-@attrs.frozen
-class EndSession:
-    """Tell (the `upstream` actor's registration replay): the server refused this session (a
-    replay answered accepted=false, or FAILED_PRECONDITION: superseded). The owner of
-    `session_id` ends it normally, so its DISCONNECTED goes once, and closes the agent's stream
-    UNAVAILABLE with `details` so the agent registers afresh."""
-
-    session_id: str = attrs.field(repr=False)
-    details: str
 
 
 # `live`: the owner holds the session. `recovering`, `ending`, `superseded`: written by the

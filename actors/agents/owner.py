@@ -11,7 +11,7 @@ its effects:
     WriteRow        this owner's row in the owner table (actors/agents/api.py)
     Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
     Stop            end `normal` (a message to itself while still in `init`)
-    SettleDisconnected / PresentSession   to `upstream` (actors/upstream/recovery.py) while
+    SettleDisconnected / PresentSession   to `upstream` (actors/upstream/api.py) while
                     recovering; DisconnectSettled / SessionPresented come back
     terminate       `finish`: exactly one DISCONNECTED, the row deleted, Unregister, waiting
                     commands failed, the stream closed unless the agent went away (a crash
@@ -49,7 +49,6 @@ from actors.agents.api import (
     CommandAnswer,
     CommandFailed,
     DeliverCommand,
-    EndSession,
     FailReason,
     ForgetCommand,
     OwnerArgs,
@@ -91,21 +90,27 @@ from actors.core.owner_recovery import (
 from actors.core.warn_limit import WarnLimiter
 from actors.registry.api import REGISTRY_NAME, OwnerRefused, OwnerRegistered, OwnerUp
 from actors.registry.api import Unregister as UnregisterSession
-from actors.upstream.api import DisconnectSettled, ForwardGuardian, Notify, SessionPresented
+from actors.upstream.api import (
+    FAILED_DETAILS,
+    UPSTREAM_NAME,
+    DisconnectSettled,
+    EndSession,
+    ForwardGuardian,
+    Notify,
+    SessionPresented,
+)
 from actors.upstream.api import PresentSession as PresentRequest
 from actors.upstream.api import SettleDisconnected as SettleRequest
-from actors.upstream.recovery import FAILED_DETAILS
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.messages import ActorDown
 from supervisors.process import Process
 from supervisors.reason import NORMAL, ExitReason
 
-__all__ = ["CONNECTED_LOG", "UPSTREAM_NAME", "AgentOwner"]
+__all__ = ["CONNECTED_LOG", "AgentOwner"]
 
 log = logging.getLogger("yuzu_gw.agent")
 
-UPSTREAM_NAME = "upstream"
 # L05, as the seed quotes it; both values are cut to 128 bytes with controls as "?" (log_text).
 CONNECTED_LOG = "Agent %s connected from %s"
 _NOT_SENT_LOG = "Stream-status notification (%s) not sent: the upstream process is not running%s"

@@ -6,35 +6,53 @@
     link -> cluster     PeerFrame / PeerEnded per forwarded command, LinkEnded once
                         (gateway/cluster/commands.py, told from the link's own task)
 
-`LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router: routed to
-this node's agents only (never forwarded again, so a command cannot loop between nodes), and a
-target not held here is answered to the forwarding node as "not held", not `not_connected`.
+A peer's forwarded command reaches its router as a `LocalRouteCommand` (actors/router/api.py).
 
 The links that are up, read without a message: the public table `cluster_links` (peer
-address -> `PeerLink`), which the `cluster` actor owns and is the only writer of. Empty or
-absent (no peers, no cluster actor) means this node serves alone, and every caller then takes
-the single-node path at the cost of one table lookup.
+address -> link), which the `cluster` actor owns and is the only writer of. Empty or absent (no
+peers, no cluster actor) means this node serves alone, and every caller then takes the
+single-node path at the cost of one table lookup. A link is a `PeerLink` (the dialling side of
+gateway/cluster/transport.py): what its readers call on it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import attrs
+from google.protobuf.message import Message
 
-from actors.router.api import RouteCommand
 from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2
 from supervisors.address import Address
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
-    from gateway.cluster.transport import PeerLink
     from supervisors.runtime import LoopSystemBase
 
+M = TypeVar("M", bound=Message)
 
-@attrs.frozen(eq=False)
-class LocalRouteCommand(RouteCommand):
-    """A RouteCommand for this node's agents only (module doc)."""
+
+class PeerLink(Protocol):
+    """One connected peer's link, as the readers of `cluster_links` use it."""
+
+    @property
+    def addr(self) -> Hashable:
+        """The peer's address (the table's key; logged)."""
+
+    def forward(self, command_id: int, request: management_pb2.SendCommandRequest) -> None:
+        """Send forwarded command `command_id` on the link's command stream (never waits)."""
+
+    def forget(self, command_id: int) -> None: ...
+
+    async def unary(self, method: str, request: Message, reply: type[M], timeout: float) -> M:
+        """One signed unary call of the cluster service."""
+
+    def stream(
+        self, method: str, request: Message, reply: type[M], timeout: float | None
+    ) -> AsyncIterator[M]:
+        """One signed server-streaming call of the cluster service."""
 
 
 @attrs.frozen(eq=False)
@@ -76,10 +94,8 @@ class LinkEnded:
     refused: bool = False
 
 
-CLUSTER_NAME = "cluster"
-
-
-LINKS_TABLE = "cluster_links"
+CLUSTER_NAME: Final = "cluster"
+LINKS_TABLE: Final = "cluster_links"
 
 
 def connected_links(runtime: LoopSystemBase) -> list[PeerLink]:

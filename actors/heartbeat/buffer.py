@@ -5,21 +5,25 @@ session and, every `heartbeat_batch_interval_ms`, flushes the buffer to the serv
 `BatchHeartbeat` chunks. The rules (what is kept, chunked, retried, dropped) are the core's; this
 module only does the I/O and the timers:
 
-- each `SendChunk` runs as a worker calling the upstream channel (`upstream_channel(runtime)`)
-  with at most `upstream_rpc_timeout_ms` (and no more than the shutdown flush's deadline); its
-  `WorkerDone` becomes the chunk's `Outcome` (no channel, a timeout, an exception: transient);
+- each `SendChunk` runs as a worker calling the upstream channel (`upstream_channel(runtime)`,
+  actors/upstream/api.py) with at most `upstream_rpc_timeout_ms` (and no more than the
+  shutdown flush's deadline); its `WorkerDone` becomes the chunk's `Outcome` (no channel, a
+  timeout, an exception: transient);
 - a flush never feeds the circuit breaker (`classify` is NEUTRAL for `Lane.HEARTBEAT_FLUSH`), so
   no result goes to the `upstream` actor;
 - `trap_exit`: a planned stop (`ActorExitRequest`) runs the shutdown flush, best effort within
   5 s and 8 chunks, and the actor ends when it is done;
 - `Count` effects go to the two metric families (actors/heartbeat/metrics.py), `LogLine`
-  effects to the log; `format_status` shows counts only.
+  effects to the log (both through actors/effects.py); `format_status` shows counts only.
 
 The server's verdict in each successful answer (`unknown_session_ids` and its truncated flag) is
 read by the verdict core (actors/core/verdicts.py) with the number of heartbeats the chunk held
 and the `upstream` actor's mailbox length (read from the runtime, no message); its `Cast` goes to
 that actor's registration replay as a `HeartbeatVerdict`, its counts to the verdict metrics
-(actors/upstream/replay_metrics.py).
+(`HeartbeatBufferArgs.verdict_counts`: the families of actors/upstream/replay_metrics.py, which
+say why they live there).
+
+It starts with `HeartbeatBufferArgs`, built from the Config by gateway/node/children/heartbeat.py.
 """
 
 from __future__ import annotations
@@ -29,33 +33,29 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+from prometheus_client import CollectorRegistry
 from thespian.actors import ActorExitRequest, WakeupMessage
 
-from actors.core import LogLine
 from actors.core.breaker import ResultKind
 from actors.core.heartbeat_buffer import (
-    Count,
     Effect,
     FlushDone,
     HeartbeatBuffer,
+    HeartbeatPolicy,
     Outcome,
     SendChunk,
     outcome_for_status,
-    policy_from_settings,
 )
 from actors.core.verdicts import Cast, VerdictEffect, VerdictReader
+from actors.effects import Counts, carry_out
 from actors.heartbeat.api import BufferHeartbeat
 from actors.heartbeat.metrics import HeartbeatMetrics, heartbeat_metrics
-from actors.upstream.actor import NAME as UPSTREAM
-from actors.upstream.api import BATCH_HEARTBEAT, UpstreamCallError
-from actors.upstream.replay_metrics import ReplayMetrics, replay_metrics
-from gateway.config.keys.heartbeat import (
-    HEARTBEAT_BATCH_INTERVAL_MS,
-    MAX_HEARTBEAT_BUFFER,
-    MAX_HEARTBEAT_BUFFER_BYTES,
+from actors.upstream.api import (
+    BATCH_HEARTBEAT,
+    UPSTREAM_NAME,
+    UpstreamCallError,
+    upstream_channel,
 )
-from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
@@ -63,10 +63,9 @@ from supervisors.process import Process
 from supervisors.reason import SHUTDOWN, ExitReason
 
 if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
-__all__ = ["HeartbeatBufferActor", "outcome_of"]
+__all__ = ["HeartbeatBufferActor", "HeartbeatBufferArgs", "outcome_of"]
 
 log = logging.getLogger("yuzu_gw.heartbeat_buffer")
 
@@ -74,12 +73,19 @@ _FLUSH = "heartbeat_flush"
 _DEADLINE = "heartbeat_shutdown_deadline"
 # A call is never given less than this, so a deadline already reached still gets an answer fast.
 _MIN_TIMEOUT_S = 0.001
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
+
+
+@attrs.frozen
+class HeartbeatBufferArgs:
+    """The buffer core's policy, this node's name (each batch carries it), the timeout of a
+    BatchHeartbeat (upstream_rpc_timeout_ms), the registry of the buffer's metrics
+    (actors/heartbeat/metrics.py) and where the verdict's counts go."""
+
+    policy: HeartbeatPolicy
+    gateway_node: str
+    rpc_timeout_s: float
+    registry: CollectorRegistry
+    verdict_counts: Counts
 
 
 @attrs.frozen
@@ -124,22 +130,16 @@ def outcome_of(done: WorkerDone) -> Outcome:
 class HeartbeatBufferActor(Process):
     trap_exit: ClassVar[bool] = True
 
-    def init(self, args: NodeContext) -> None:
-        config = args.config
-        policy = policy_from_settings(
-            heartbeat_batch_interval_ms=config[HEARTBEAT_BATCH_INTERVAL_MS],
-            max_heartbeat_buffer=config[MAX_HEARTBEAT_BUFFER],
-            max_heartbeat_buffer_bytes=config[MAX_HEARTBEAT_BUFFER_BYTES],
-        )
-        self.buffer = HeartbeatBuffer(policy, gateway_node=args.node.name)
-        self.rpc_timeout_s = config[UPSTREAM_RPC_TIMEOUT_MS] / 1000.0
+    def init(self, args: HeartbeatBufferArgs) -> None:
+        self.buffer = HeartbeatBuffer(args.policy, gateway_node=args.gateway_node)
+        self.rpc_timeout_s = args.rpc_timeout_s
         self.metrics: HeartbeatMetrics = heartbeat_metrics(args.registry)
         buffer = self.buffer
         self.metrics.watch(lambda: buffer.sessions)
         self.verdicts = VerdictReader()
-        self.verdict_metrics: ReplayMetrics = replay_metrics(args.registry)
+        self.verdict_counts = args.verdict_counts
         self._stopping = False
-        self._flush_timer: Any = self.wakeupAfter(policy.interval_s, _FLUSH)
+        self._flush_timer: Any = self.wakeupAfter(args.policy.interval_s, _FLUSH)
 
     def terminate(self, reason: ExitReason) -> None:
         self.metrics.unwatch()  # what is still buffered dies with this actor
@@ -188,7 +188,7 @@ class HeartbeatBufferActor(Process):
         """The server's verdict on a chunk of `batch` heartbeats: the sessions it does not hold
         go to the registration replay (an older server's answer has none: nothing happens)."""
         runtime = self.runtime
-        upstream = runtime.whereis(UPSTREAM)
+        upstream = runtime.whereis(UPSTREAM_NAME)
         mailbox = None if upstream is None else runtime.mailbox_len(upstream)
         effects: list[VerdictEffect] = self.verdicts.read(
             response.unknown_session_ids,
@@ -201,10 +201,8 @@ class HeartbeatBufferActor(Process):
             match effect:
                 case Cast(verdict=verdict) if upstream is not None:
                     self.send(upstream, verdict)
-                case Count():
-                    self.verdict_metrics.count(effect)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS[level], "%s", text)
+                case _:
+                    carry_out(effect, log, self.verdict_counts)
 
     def _start_shutdown(self) -> None:
         if self._stopping:
@@ -226,16 +224,14 @@ class HeartbeatBufferActor(Process):
     def _perform(self, effects: list[Effect]) -> None:
         for effect in effects:
             match effect:
-                case Count():
-                    self.metrics.count(effect)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS[level], "%s", text)
                 case SendChunk():
                     self._send(effect)
                 case FlushDone(shutdown=True):
                     self.exit(SHUTDOWN)
                 case FlushDone():
                     pass
+                case _:
+                    carry_out(effect, log, self.metrics)
 
     def _send(self, chunk: SendChunk) -> None:
         timeout = self.rpc_timeout_s

@@ -19,6 +19,7 @@ import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from actors.core.heartbeat_buffer import COALESCED, DROPPED, INITIAL_SERIES, Count
+from actors.effects import count_into
 
 __all__ = ["HeartbeatMetrics", "heartbeat_metrics"]
 
@@ -31,10 +32,7 @@ class HeartbeatMetrics:
 
     def count(self, effect: Count) -> None:
         """Apply one `Count` effect of the buffer core."""
-        if effect.family == COALESCED:
-            self.coalesced.inc(effect.n)
-        elif effect.family == DROPPED:
-            self.dropped.labels(**dict(effect.labels)).inc(effect.n)
+        count_into({COALESCED: self.coalesced, DROPPED: self.dropped}, effect)
 
     def watch(self, sessions: Callable[[], int]) -> None:
         """Read the buffered-sessions gauge from `sessions` at scrape time."""

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from actors.core import Count
 from actors.core.shedder_marks import RESUME, SUSPEND, SUSPENSIONS, TRANSITION_FAILURES, Action
+from actors.effects import count_into
 
 __all__ = ["ShedderMetrics", "shedder_metrics"]
 
@@ -44,10 +45,8 @@ class ShedderMetrics:
 
     def count(self, effect: Count) -> None:
         """Apply one `Count` effect of the shedder core."""
-        if effect.family == SUSPENSIONS:
-            self.suspensions.inc(effect.n)
-        elif effect.family == TRANSITION_FAILURES:
-            self.transition_failures.labels(**dict(effect.labels)).inc(effect.n)
+        counters = {SUSPENSIONS: self.suspensions, TRANSITION_FAILURES: self.transition_failures}
+        count_into(counters, effect)
 
     def marks(self, high: int, low: int) -> None:
         self.high_water_bytes.set(high)

@@ -2,8 +2,9 @@
 actors/core/reclaim.py; seed, "Giving memory back after a drop", "Which builds trim", "What a
 pass logs and costs"; SPEC_INDEX MR-01..MR-05).
 
-Every `interval_ms` it reads the agent count (the size of the registry's `agents` table, no
-message) and performs what the core answers:
+Every `interval_ms` (`ReclaimArgs`: the `mem_reclaim` settings, built by
+gateway/node/children/memory.py) it reads the agent count (the size of the registry's `agents`
+table, no message) and performs what the core answers:
 
 - a pass: `gc.collect()` (the Erlang gateway collects each process above gc_min_bytes; Python has
   one heap, so one full collection), then `malloc_trim(0)` in a worker thread (ctypes releases
@@ -34,28 +35,36 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core.reclaim import Reclaim, ReclaimPolicy, RunPass, RunTrim
+from actors.memory.api import RECLAIM_LOGGER
 from actors.registry.api import AGENTS_TABLE
-from gateway.config.keys.shedder import MEM_RECLAIM, RECLAIM_LOGGER
-from gateway.node.memory_reader import rss_anon_kb
 from supervisors.errors import TableGone
 from supervisors.messages import WorkerDone
 from supervisors.process import Process
-from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
 
-__all__ = ["NAME", "MemReclaimActor", "agent_count", "child_spec", "load_malloc_trim"]
+__all__ = ["MemReclaimActor", "ReclaimArgs", "agent_count", "load_malloc_trim"]
 
 log = logging.getLogger(RECLAIM_LOGGER)
 
-NAME = "mem_reclaim"
 _TICK = "mem_reclaim_tick"
 _PERIODIC_TRIM = "mem_reclaim_trim"
 
 Trim = Callable[[], int]
+
+
+@attrs.frozen(eq=False)
+class ReclaimArgs:
+    """The `mem_reclaim` settings, and where RssAnon is read."""
+
+    interval_ms: int
+    followup_ms: int
+    # 0: no periodic trim.
+    trim_interval_ms: int
+    # RssAnon in kB now, or None when it cannot be read.
+    rss_anon_kb: Callable[[], int | None]
 
 
 def load_malloc_trim() -> tuple[Trim | None, str]:
@@ -83,10 +92,6 @@ def agent_count(runtime: LoopSystemBase) -> int | None:
         return None
 
 
-def child_spec(ctx: NodeContext) -> ChildSpec:
-    return ChildSpec(NAME, MemReclaimActor, ctx, name=NAME)
-
-
 @attrs.frozen
 class _Pass:
     """A pass waiting for its trim: what its notice line needs."""
@@ -103,17 +108,17 @@ def _kb(value: int | None) -> str:
 
 
 class MemReclaimActor(Process):
-    def init(self, args: NodeContext) -> None:
-        settings = args.config[MEM_RECLAIM]
+    def init(self, args: ReclaimArgs) -> None:
+        self.rss_anon_kb = args.rss_anon_kb
         self.trim, self.trim_missing = load_malloc_trim()
         # Without malloc_trim there is nothing to do between passes.
-        periodic = settings.trim_interval_ms if self.trim is not None else 0
+        periodic = args.trim_interval_ms if self.trim is not None else 0
         policy = ReclaimPolicy(
-            followup_s=settings.followup_ms / 1000,
+            followup_s=args.followup_ms / 1000,
             trim_interval_s=periodic / 1000 if periodic else None,
         )
         self.core = Reclaim.started(policy, self.now())
-        self.interval_s = settings.interval_ms / 1000
+        self.interval_s = args.interval_ms / 1000
         self.passes = 0
         self.wakeupAfter(self.interval_s, _TICK)
 
@@ -147,7 +152,7 @@ class MemReclaimActor(Process):
     def _start_pass(self, kind: str, agents: int) -> None:
         self.passes += 1
         started = time.perf_counter()
-        before = rss_anon_kb()
+        before = self.rss_anon_kb()
         collected = gc.collect()
         tag = _Pass(kind, agents, collected, before, started)
         if self.trim is not None:
@@ -168,7 +173,7 @@ class MemReclaimActor(Process):
         return "true" if done.result else "false"
 
     def _end_pass(self, tag: _Pass, trim: str) -> None:
-        after = rss_anon_kb()
+        after = self.rss_anon_kb()
         log.info(
             "gateway memory reclaim: #{pass => %s, agents => %d, gc_objects => %d, trim => %s,"
             " rss_anon_kb_before => %s, rss_anon_kb_after => %s, ms => %d}",

@@ -1,13 +1,14 @@
 """`memory_shedder`: the actor around the shedder core (actors/core/shedder_marks.py).
 
-Every `interval_ms` it samples the memory in use (`gateway.node.memory_reader.READER`, RssAnon) and
-gives it to the core, then brings each agent listener to the state the core wants: `Suspend`
-while shedding, `Resume` otherwise (gateway/listeners/listener_actor.py). Seed, "Node-wide memory
-load shedding", "What a new agent connection sees while shedding", "When a suspend or resume
-fails"; SPEC_INDEX MS-01..MS-10.
+Every `interval_ms` it samples the memory in use (`ShedderArgs.read_memory`: RssAnon, read by
+gateway/node/memory_reader.py) and gives it to the core, then brings each agent listener to the
+state the core wants: `Suspend` while shedding, `Resume` otherwise (actors/listeners/api.py).
+Seed, "Node-wide memory load shedding", "What a new agent connection sees while shedding", "When
+a suspend or resume fails"; SPEC_INDEX MS-01..MS-10.
 
 - Only agent listeners are moved: a listener that serves the management service is never
-  suspended, even one that serves both (the operator plane must stay reachable).
+  suspended, even one that serves both (the operator plane must stay reachable;
+  gateway/node/children/memory.py picks them).
 - A listener's state is read from its published table (no message); a command goes out as a
   worker asking the listener actor, at most one in flight per listener, and its answer (or its
   timeout) goes back to the core, which owns the retry log lines and the failure counts.
@@ -18,25 +19,25 @@ fails"; SPEC_INDEX MS-01..MS-10.
 - A restarted shedder that finds an agent listener suspended treats the node as shedding and
   resumes it once memory is at or below the low-water mark.
 - The `memory_shedding` readiness check reads the row this actor publishes in its table
-  `memory_shedder` (no message): not ready while shedding. While shedding the `listeners` check
-  is false too (a suspended listener does not read as running), and it stays false until a
-  listener whose resume failed is running again.
+  `memory_shedder` (no message; actors/memory/api.py): not ready while shedding. While shedding
+  the `listeners` check is false too (a suspended listener does not read as running), and it
+  stays false until a listener whose resume failed is running again.
 
 A planned stop must end this actor before it suspends the agent listeners (issue 7 §2), or the
 next tick would resume them: it is a child after the listeners, and the stop's first step is
-`terminate_child(runtime, root, "memory_shedder")`.
+`terminate_child(runtime, root, SHEDDER_NAME)`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+from prometheus_client import CollectorRegistry
 from thespian.actors import WakeupMessage
 
-from actors.core import Count, LogLine
 from actors.core.shedder_marks import (
     FAILURE_LOG_INTERVAL_S,
     RESUME,
@@ -48,49 +49,51 @@ from actors.core.shedder_marks import (
     Shedder,
 )
 from actors.core.warn_limit import WarnLimiter
-from actors.memory.metrics import ShedderMetrics, shedder_metrics
-from gateway.config.keys.listeners import GRPC_LISTENERS
-from gateway.config.keys.shedder import MEMORY_SHEDDING, SHEDDER_LOGGER, MemoryShedding, plan_of
-from gateway.listeners.listener_actor import (
-    STATE_ROW,
-    ListenerState,
-    Resume,
-    Suspend,
-    actor_name,
-    table_name,
+from actors.effects import carry_out
+from actors.listeners.api import STATE_ROW, ListenerState, Resume, Suspend, actor_name, table_name
+from actors.memory.api import (
+    READINESS_CHECK,
+    SHEDDER_LOGGER,
+    SHEDDER_NAME,
+    SHEDDING_ROW,
+    SheddingPlan,
+    shedding_now,
 )
-from gateway.node import memory_reader
+from actors.memory.metrics import ShedderMetrics, shedder_metrics
+from actors.node.api import Readiness
 from supervisors.errors import TableGone
 from supervisors.messages import WorkerDone
 from supervisors.process import Process
-from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from actors.node.api import Readiness
-    from gateway.config.context import NodeContext
-    from gateway.listeners.spec import ListenerSpec
     from supervisors.address import Address
     from supervisors.runtime import LoopSystemBase
 
-__all__ = [
-    "NAME",
-    "READINESS_CHECK",
-    "MemoryShedder",
-    "agent_listeners",
-    "child_spec",
-    "shedding_now",
-]
+__all__ = ["MemoryShedder", "ShedderArgs"]
 
 log = logging.getLogger(SHEDDER_LOGGER)
 
-NAME = "memory_shedder"
-READINESS_CHECK = "memory_shedding"
 _TICK = "memory_shedder_tick"
-_SHEDDING_ROW = "shedding"
 # A listener answers Suspend and Resume at once (it closes or binds a socket); this only bounds a
 # listener that is stuck, so its command counts as failed and is asked again.
 ASK_TIMEOUT_S = 5.0
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+@attrs.frozen(eq=False)
+class ShedderArgs:
+    """What the shedder starts with: the `memory_shedding` settings and the plan the boot check
+    resolved, built by gateway/node/children/memory.py."""
+
+    enabled: bool
+    interval_ms: int
+    # The agent listeners it moves (none serving the management service).
+    listeners: tuple[str, ...]
+    # None when it is not needed: shedding disabled, or no agent listener to shed.
+    plan: SheddingPlan | None
+    # Bytes of memory in use now, or None when they cannot be read.
+    read_memory: Callable[[], int | None]
+    registry: CollectorRegistry
+    readiness: Readiness
 
 
 @attrs.frozen
@@ -101,30 +104,10 @@ class _Transition:
     action: Action
 
 
-def agent_listeners(specs: tuple[ListenerSpec, ...]) -> tuple[str, ...]:
-    """The listeners the shedder moves: agent listeners not serving the management service."""
-    return tuple(spec.name for spec in specs if spec.serves_agent and not spec.serves_mgmt)
-
-
-def shedding_now(runtime: LoopSystemBase) -> bool:
-    """The shedder's published verdict; False while no shedder runs."""
-    table = runtime.table(NAME)
-    if table is None:
-        return False
-    try:
-        return bool(table.get(_SHEDDING_ROW, False))
-    except TableGone:
-        return False
-
-
 def install_readiness(readiness: Readiness, runtime: LoopSystemBase) -> None:
     """Register the check once per node (a restarted shedder finds it there already)."""
     if READINESS_CHECK not in readiness.names():
         readiness.register(READINESS_CHECK, lambda: not shedding_now(runtime))
-
-
-def child_spec(ctx: NodeContext) -> ChildSpec:
-    return ChildSpec(NAME, MemoryShedder, ctx, name=NAME)
 
 
 def _why(error: BaseException) -> str:
@@ -132,20 +115,20 @@ def _why(error: BaseException) -> str:
 
 
 class MemoryShedder(Process):
-    def init(self, args: NodeContext) -> None:
+    def init(self, args: ShedderArgs) -> None:
         self.metrics: ShedderMetrics = shedder_metrics(args.registry)
-        self.table = self.new_table(NAME)
-        self.listeners = agent_listeners(args.config[GRPC_LISTENERS])
-        self.read_memory = memory_reader.READER
+        self.table = self.new_table(SHEDDER_NAME)
+        self.listeners = args.listeners
+        self.read_memory = args.read_memory
         self.in_flight: set[str] = set()
         self.sample_warnings = WarnLimiter(FAILURE_LOG_INTERVAL_S)
         install_readiness(args.readiness, self.runtime)
-        self.core = self._start(args.config[MEMORY_SHEDDING])
+        self.core = self._start(args)
         self._publish()
         if self.core is not None:
             self.wakeupAfter(self.core.interval_ms / 1000, _TICK)
 
-    def _start(self, settings: MemoryShedding) -> Shedder | None:
+    def _start(self, settings: ShedderArgs) -> Shedder | None:
         """The core, or None (after its one line) when shedding cannot or need not run."""
         if not settings.enabled:
             log.info("gateway memory shedding is disabled (memory_shedding enabled => false)")
@@ -155,8 +138,8 @@ class MemoryShedder(Process):
             log.info("gateway memory shedding has no agent listener to shed")
             self.metrics.not_running(inactive=False)
             return None
-        plan = plan_of(settings)
-        if plan.marks is None:
+        plan = settings.plan
+        if plan is None or plan.marks is None:
             return self._inactive("memory_limit_unknown")
         if self.read_memory() is None:
             return self._inactive("memory_sample_unavailable")
@@ -248,13 +231,10 @@ class MemoryShedder(Process):
 
     def _perform(self, effects: list[Effect]) -> None:
         for effect in effects:
-            match effect:
-                case Count():
-                    self.metrics.count(effect)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS.get(level, logging.ERROR), "%s", text)
-                case Command(listener=listener, action=action):
-                    self._command(listener, action)
+            if carry_out(effect, log, self.metrics):
+                continue
+            if isinstance(effect, Command):
+                self._command(effect.listener, effect.action)
 
     def _command(self, listener: str, action: Action) -> None:
         address = self.runtime.whereis(actor_name(listener))
@@ -279,7 +259,7 @@ class MemoryShedder(Process):
     def _publish(self) -> None:
         core = self.core
         shedding = core is not None and core.shedding
-        self.table.insert(_SHEDDING_ROW, shedding)
+        self.table.insert(SHEDDING_ROW, shedding)
         if core is not None:
             failing = {action: core.failing(action) for action in (SUSPEND, RESUME)}
             self.metrics.state(active=shedding, failing=failing)

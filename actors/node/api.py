@@ -1,4 +1,6 @@
-"""The planned stop's messages to the actors it drains (seed: "Planned stop"; the coordinator is
+"""`node_gauges`, the registered name of the node gauges' sampler (actors/node/gauges.py).
+
+The planned stop's messages to the actors it drains (seed: "Planned stop"; the coordinator is
 gateway/node/planned_stop.py, docs/planned-stop.md).
 
 The readiness checks behind `/readyz`.
@@ -12,8 +14,11 @@ starts; the health endpoint evaluates them per request.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import attrs
+
+GAUGES_NAME: Final = "node_gauges"
 
 
 @attrs.frozen

@@ -1,41 +1,48 @@
 """`node_gauges`: samples the node gauges every `telemetry_gauge_interval_ms` (10 s; the Erlang
 gateway's yuzu_gw_gauge) and times the garbage collections while it runs.
 
-A sample is a few reads (one procfs file, the runtime's name registry, the heartbeat buffer's
-status) and sets the families of actors/node/metrics.py; it never sends a message, so a stuck
-actor cannot hold it up. The families and what each kind means are documented there.
+A sample is a few reads (the process's memory through `GaugesArgs.read_memory`, the runtime's
+name registry, the heartbeat buffer's status) and sets the families of actors/node/metrics.py; it
+never sends a message, so a stuck actor cannot hold it up. The families and what each kind means
+are documented there. Its `GaugesArgs` are built by gateway/node/children/gauges.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
+from prometheus_client import CollectorRegistry
 from thespian.actors import WakeupMessage
 
 from actors.node.metrics import NodeMetrics, node_metrics
-from gateway.config.keys.node import TELEMETRY_GAUGE_INTERVAL_MS
 from supervisors.process import Process
-from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.reason import ExitReason
 
-__all__ = ["NAME", "NodeGauges", "child_spec"]
+__all__ = ["GaugesArgs", "NodeGauges"]
 
-NAME = "node_gauges"
 _SAMPLE = "node_gauges_sample"
 
 
-def child_spec(ctx: NodeContext) -> ChildSpec:
-    return ChildSpec(NAME, NodeGauges, ctx, name=NAME)
+@attrs.frozen(eq=False)
+class GaugesArgs:
+    interval_ms: int
+    registry: CollectorRegistry
+    # The process's memory kinds in bytes (`rss`, `rss_anon`); {} when they cannot be read.
+    read_memory: Callable[[], Mapping[str, int]]
+    # The heartbeat buffer's registered name: its status carries the bytes it retains.
+    heartbeat_buffer: str
 
 
 class NodeGauges(Process):
-    def init(self, args: NodeContext) -> None:
-        self.interval_s = args.config[TELEMETRY_GAUGE_INTERVAL_MS] / 1000
+    def init(self, args: GaugesArgs) -> None:
+        self.interval_s = args.interval_ms / 1000
+        self.read_memory = args.read_memory
+        self.heartbeat_buffer = args.heartbeat_buffer
         self.metrics: NodeMetrics = node_metrics(args.registry)
         self.metrics.watch_gc()
         self.samples = 0
@@ -56,6 +63,6 @@ class NodeGauges(Process):
         return {"interval_s": self.interval_s, "samples": self.samples}
 
     def _sample(self) -> None:
-        self.metrics.sample(self.runtime)
+        self.metrics.sample(self.runtime, self.read_memory(), self.heartbeat_buffer)
         self.samples += 1
         self.wakeupAfter(self.interval_s, _SAMPLE)

@@ -7,9 +7,11 @@ the interpreter's garbage-collection pauses. The names are this rebuild's; the s
   - `rss`: `VmRSS` of /proc/self/status, every resident page (code and libraries included);
   - `rss_anon`: `RssAnon`, the resident anonymous pages (pymalloc's arenas, malloc's heaps,
     OpenSSL's and grpc's buffers): the figure the memory shedder compares with its marks
-    (gateway/node/memory_reader.py);
+    (both read by gateway/node/memory_reader.py, which the sampler is given);
   - `heartbeat_buffer`: the encoded heartbeat bytes the buffer retains, the bound of
-    `max_heartbeat_buffer_bytes`, read from the buffer actor's status (the console's view).
+    `max_heartbeat_buffer_bytes`, read from the buffer actor's status (the console's view; the
+    sampler is given the actor's name, so the node feature, which every feature reads, reads
+    none of theirs).
   A kind that cannot be read (off Linux, the buffer actor restarting) has no series at that
   sample. Not reported, because no cheap measure exists: the Python heap in use (pymalloc has no
   byte count; `sys.getallocatedblocks()` counts blocks of 8 to 512 bytes), glibc's
@@ -38,14 +40,11 @@ import gc
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from actors.heartbeat.api import NAME as BUFFER_ACTOR
-from gateway.node.memory_reader import STATUS_PATH
 from supervisors import introspection
 from supervisors.runtime import LoopSystemBase
 
@@ -55,20 +54,21 @@ __all__ = [
     "GC_PAUSE_BUCKETS",
     "MAILBOX",
     "MEMORY",
+    "RSS",
+    "RSS_ANON",
     "NodeMetrics",
     "heartbeat_buffer_bytes",
     "mailbox_lengths",
     "node_metrics",
-    "process_memory",
 ]
 
 MEMORY: Final = "yuzu_gw_process_memory_bytes"
 MAILBOX: Final = "yuzu_gw_actor_mailbox_messages"
 GC_PAUSE: Final = "yuzu_gw_gc_pause_seconds"
 
-# The `type` values and where each comes from (the /proc/self/status field, or the buffer).
+# The `type` values: two read from /proc/self/status (the sampler is given them), one from the
+# buffer.
 RSS, RSS_ANON, HEARTBEAT_BUFFER = "rss", "rss_anon", "heartbeat_buffer"
-_STATUS_FIELDS: Final = {"VmRSS:": RSS, "RssAnon:": RSS_ANON}
 # The heartbeat buffer's status key for the retained bytes (actors/core/heartbeat_buffer.py
 # BufferStatus.bytes, which its format_status carries).
 _BUFFER_BYTES: Final = "bytes"
@@ -92,24 +92,11 @@ GC_PAUSE_BUCKETS: Final = (
 )
 
 
-def process_memory(status_path: Path = STATUS_PATH) -> dict[str, int]:
-    """`rss` and `rss_anon` in bytes from one read of /proc/self/status; {} off Linux."""
+def heartbeat_buffer_bytes(runtime: LoopSystemBase, buffer: str) -> int | None:
+    """The retained bytes from the status of the buffer actor registered as `buffer`; None while
+    none runs."""
     try:
-        text = status_path.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return {}
-    found: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 3 and fields[0] in _STATUS_FIELDS and fields[1].isdecimal():
-            found[_STATUS_FIELDS[fields[0]]] = int(fields[1]) * 1024  # the kernel's unit is kB
-    return found
-
-
-def heartbeat_buffer_bytes(runtime: LoopSystemBase) -> int | None:
-    """The buffer's retained bytes from its status; None while no buffer actor runs."""
-    try:
-        value = introspection.status(runtime, BUFFER_ACTOR).get(_BUFFER_BYTES)
+        value = introspection.status(runtime, buffer).get(_BUFFER_BYTES)
     except LookupError:
         return None
     return value if isinstance(value, int) else None
@@ -144,10 +131,12 @@ class NodeMetrics:
     _actors: set[str] = attrs.field(factory=set)
     _gc_hook: Callable[[str, dict[str, Any]], None] | None = None
 
-    def sample(self, runtime: LoopSystemBase, status_path: Path = STATUS_PATH) -> None:
-        """One sample of the memory kinds and the mailboxes (reads only, no message)."""
-        memory: dict[str, float] = dict(process_memory(status_path))
-        buffered = heartbeat_buffer_bytes(runtime)
+    def sample(self, runtime: LoopSystemBase, process: Mapping[str, int], buffer: str) -> None:
+        """One sample of the memory kinds (`process`: the kinds read from the process, in bytes;
+        `buffer`: the heartbeat buffer's registered name) and the mailboxes (reads only, no
+        message)."""
+        memory: dict[str, float] = dict(process)
+        buffered = heartbeat_buffer_bytes(runtime, buffer)
         if buffered is not None:
             memory[HEARTBEAT_BUFFER] = buffered
         self._memory_types = _set_all(self.memory, memory, self._memory_types)

@@ -58,7 +58,6 @@ from actors.registry.api import (
     AGENTS_TABLE,
     CONNECTIONS_TABLE,
     PENDING_TABLE,
-    REGISTRY_NAME,
     SESSIONS_INDEX,
     SUPERSEDED_LOG,
     AgentRow,
@@ -84,18 +83,15 @@ from actors.registry.api import (
     Unregister,
     install_readiness,
 )
-from gateway.config.keys.sessions import MAX_SESSIONS_PER_CONNECTION
 from supervisors.address import Address
 from supervisors.messages import ActorDown
 from supervisors.process import Process
-from supervisors.supervisor import ChildSpec
 
 if TYPE_CHECKING:
     from actors.node.api import Readiness
-    from gateway.config.context import NodeContext
     from supervisors.table import Table
 
-__all__ = ["Registry", "RegistryArgs", "registry_child_spec"]
+__all__ = ["Registry", "RegistryArgs"]
 
 log = logging.getLogger("yuzu_gw.registry")
 
@@ -105,21 +101,12 @@ _GONE = object()
 
 @attrs.frozen
 class RegistryArgs:
+    """Built by gateway/node/children/registry.py (the cap from the Config)."""
+
     slots: SlotPolicy = attrs.field(factory=SlotPolicy)
     pending: PendingPolicy = attrs.field(factory=PendingPolicy)
     # Where the `registry` and `sessions_index` checks go; None in tests that do not need them.
     readiness: Readiness | None = None
-
-
-def registry_child_spec(ctx: NodeContext) -> ChildSpec:
-    """The registry under `gateway_sup`: permanent, registered as `registry`. The cap is read
-    here, once, so a change needs a restart (seed: "read once, when the registry process
-    starts")."""
-    args = RegistryArgs(
-        slots=SlotPolicy(max_sessions_per_connection=ctx.config[MAX_SESSIONS_PER_CONNECTION]),
-        readiness=ctx.readiness,
-    )
-    return ChildSpec(REGISTRY_NAME, Registry, args, restart="permanent", name=REGISTRY_NAME)
 
 
 def _pending(session_id: str) -> HolderId:

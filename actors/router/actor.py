@@ -10,10 +10,10 @@ A permanent child of `gateway_sup`, after `agent_sup`. For each SendCommand the 
    when there are none, each through the registry's `agents_by_id` table (two lookups, no
    message). A target not held here, or whose owner is gone, is answered FAILURE
    `not_connected`; a target that this router already has the same command id in flight to is
-   answered FAILURE `duplicate_command_id` and not sent again. With peers connected (the cluster,
-   gateway/cluster/actor.py), a target not held here is handed to the `cluster` actor instead, which
-   asks the peers and answers for it as an owner would (docs/cluster.md); a peer's forwarded
-   command (`LocalRouteCommand`) is never forwarded again;
+   answered FAILURE `duplicate_command_id` and not sent again. With peers connected (the
+   cluster, gateway/cluster/actor.py), a target not held here is handed to the `cluster` actor
+   instead, which asks the peers and answers for it as an owner would (docs/cluster.md); a
+   peer's forwarded command (`LocalRouteCommand`) is never forwarded again;
 3. sends each held target's owner one `DeliverCommand` (the same message, the command untouched)
    with itself as `reply_to` and the command's deadline;
 4. streams every `CommandAnswer` into the handler's sink as it arrives (RUNNING frames
@@ -45,13 +45,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import attrs
 from thespian.actors import WakeupMessage
 
 from actors.agents.api import CommandAnswer, CommandFailed, DeliverCommand, ForgetCommand
-from actors.cluster.api import ForwardCommand, LocalRouteCommand, cluster_route
+from actors.cluster.api import ForwardCommand, cluster_route
 from actors.core.command_fanout import (
     CommandFanout,
     Done,
@@ -67,25 +67,20 @@ from actors.router.api import (
     NOT_CONNECTED,
     AbandonCommand,
     CommandSink,
+    LocalRouteCommand,
     ResponseKind,
     RouteCommand,
 )
-from gateway.config.keys.router import DEFAULT_COMMAND_TIMEOUT_S
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.address import Address
 from supervisors.process import Process
 from supervisors.reason import ExitReason
-from supervisors.supervisor import ChildSpec
 
-if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
-
-__all__ = ["ROUTER_NAME", "Router", "RouterArgs", "router_child_spec"]
+__all__ = ["Router", "RouterArgs"]
 
 log = logging.getLogger("yuzu_gw.router")
 
-ROUTER_NAME = "router"
 _TIMEOUT = "command_timeout"
 _STOP_GRACE = "stop_grace"
 _Status = agent_pb2.CommandResponse.Status
@@ -98,15 +93,10 @@ def _fallback() -> object:
 
 @attrs.frozen
 class RouterArgs:
+    """Built by gateway/node/children/router.py."""
+
     # Reads default_command_timeout_s as it is now (the router calls it per command).
     read_default_timeout: Callable[[], object] = _fallback
-
-
-def router_child_spec(ctx: NodeContext) -> ChildSpec:
-    """The router under `gateway_sup`: permanent, registered as `router`."""
-    config = ctx.config
-    args = RouterArgs(lambda: config.value_of(DEFAULT_COMMAND_TIMEOUT_S.name))
-    return ChildSpec(ROUTER_NAME, Router, args, restart="permanent", name=ROUTER_NAME)
 
 
 @attrs.define(eq=False)

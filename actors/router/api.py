@@ -1,4 +1,5 @@
-"""The router's contract with the SendCommand handler (gateway/mgmt/command.py).
+"""The router's registered name (`router`) and its contract with the SendCommand handler
+(gateway/mgmt/command.py).
 
     handler -> router   RouteCommand(command, agent_ids, timeout_seconds, sink)   (tell)
     router -> sink      sink.put(response, kind, final) for every answer, as it arrives
@@ -11,13 +12,19 @@ two methods, which never block and never await, so a slow operator stream cannot
 router (the sink decides what it keeps; gateway/mgmt/command.py). The handler watches the router:
 a router that ends with the command in flight ends the stream UNAVAILABLE.
 
+`LocalRouteCommand` is the RouteCommand a peer's forwarded call gives its own router (the
+handler run with `local`, for the cluster transport): routed to this node's agents only, never
+forwarded again, so a command cannot loop between nodes, and a target not held here is answered
+to the forwarding node as "not held", not `not_connected`.
+
 The owners' side of the conversation (DeliverCommand, CommandAnswer, CommandFailed,
-ForgetCommand) is in actors/agents/api.py and actors/agents/api.py.
+ForgetCommand) is in actors/agents/api.py; the router's side of the cluster (ForwardCommand) is
+in actors/cluster/api.py.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 import attrs
 
@@ -27,11 +34,15 @@ from protos.yuzu.server.v1 import management_pb2
 __all__ = [
     "NOT_CONNECTED",
     "RESPONSE_KINDS",
+    "ROUTER_NAME",
     "AbandonCommand",
     "CommandSink",
+    "LocalRouteCommand",
     "ResponseKind",
     "RouteCommand",
 ]
+
+ROUTER_NAME: Final = "router"
 
 # The FAILURE output for a target this node does not hold (or that has not subscribed yet).
 NOT_CONNECTED = "not_connected"
@@ -81,6 +92,11 @@ class RouteCommand:
     agent_ids: tuple[str, ...] = attrs.field(repr=False)
     timeout_seconds: int
     sink: CommandSink = attrs.field(repr=False)
+
+
+@attrs.frozen(eq=False)
+class LocalRouteCommand(RouteCommand):
+    """A RouteCommand for this node's agents only (module doc)."""
 
 
 @attrs.frozen(eq=False)

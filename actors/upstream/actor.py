@@ -21,7 +21,9 @@ hands every other message to the lane that owns it.
   transition lets a paused replay go on (a recovery starts none).
 
 The actor never waits on the server: every RPC runs as a worker and comes back as a `WorkerDone`
-routed by its tag.
+routed by its tag. It starts with `UpstreamArgs` (the breaker's and the lanes' policies, built
+from the Config by gateway/node/children/upstream.py), registered as `UPSTREAM_NAME`
+(actors/upstream/api.py).
 
 Results are matched to the breaker period they were admitted in by the `epoch` of the view the
 caller read; `incarnation` tells this actor's periods from a previous (crashed) one's, whose
@@ -37,12 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from grpclib.const import Status
+from prometheus_client import CollectorRegistry
 from thespian.actors import WakeupMessage
 
-from actors.core import LogLine
 from actors.core.breaker import (
     REQUEST_FAULT_STATUSES,
     Breaker,
+    BreakerPolicy,
     Effect,
     Lane,
     ProbeReady,
@@ -53,43 +56,43 @@ from actors.core.breaker import (
     Transition,
     Verdict,
     classify,
-    policy_from_settings,
 )
 from actors.core.verdicts import HeartbeatVerdict
 from actors.core.warn_limit import WarnLimiter
+from actors.effects import log_line
 from actors.node.api import StopAdmitting
-from actors.upstream.api import ForwardGuardian, Notify, PresentSession, SettleDisconnected
+from actors.upstream.api import (
+    UPSTREAM_NAME,
+    ForwardGuardian,
+    Notify,
+    PresentSession,
+    SettleDisconnected,
+)
 from actors.upstream.guardian import GuardianLane, GuardianWork
 from actors.upstream.lane import CallResult, class_and_why
 from actors.upstream.metrics import UpstreamMetrics, rpc_name, upstream_metrics
 from actors.upstream.notify import (
     FlushDone,
     FlushNotifications,
+    NotifyArgs,
     NotifyLane,
     NotifyTimer,
     NotifyWork,
     RaiseNotifyCap,
 )
 from actors.upstream.recovery import PresentWork, RecoveryLane
-from actors.upstream.replay import ReplayLane, ReplayTimer, ReplayWork
+from actors.upstream.replay import ReplayArgs, ReplayLane, ReplayTimer, ReplayWork
 from actors.upstream.replay_metrics import replay_metrics
-from gateway.config.keys.breaker import (
-    CIRCUIT_BREAKER_FAILURE_THRESHOLD,
-    CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS,
-    CIRCUIT_BREAKER_RESET_TIMEOUT_MS,
-)
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
 from supervisors.process import Process
 from supervisors.reason import ExitReason
 
 if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [
     "BREAKER_KEY",
-    "NAME",
     "STATE_TABLE",
     "BreakerView",
     "FlushDone",
@@ -98,32 +101,39 @@ __all__ = [
     "Outcome",
     "RaiseNotifyCap",
     "Upstream",
+    "UpstreamArgs",
     "breaker_view",
     "readiness_checks",
 ]
 
 log = logging.getLogger("yuzu_gw.upstream")
 
-NAME = "upstream"
 STATE_TABLE = "upstream_state"
 BREAKER_KEY = "breaker"
 _POLL = "breaker_poll"
 # The channel's detail for a stream the server reset (REFUSED_STREAM, ...): gateway/upstream/
 # failures.py writes "stream_error (<code>)".
 STREAM_ERROR = "stream_error"
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
 
 # One per actor instance in this process: a restarted actor starts its epochs at 0 again, so the
 # epoch alone cannot tell its periods from its predecessor's.
 _incarnations = itertools.count(1)
 
 
-# --- messages and the published view -------------------------------------------------------------
+# --- arguments, messages and the published view --------------------------------------------------
+
+
+@attrs.frozen
+class UpstreamArgs:
+    """What the actor and its lanes read. `rpc_timeout_s` (upstream_rpc_timeout_ms) bounds every
+    notification but the probe and every Guardian forward; `registry` holds the metric families
+    (actors/upstream/metrics.py, actors/upstream/replay_metrics.py)."""
+
+    breaker: BreakerPolicy
+    notify: NotifyArgs
+    replay: ReplayArgs
+    rpc_timeout_s: float
+    registry: CollectorRegistry
 
 
 @attrs.frozen
@@ -177,13 +187,13 @@ def readiness_checks(runtime: LoopSystemBase) -> dict[str, Callable[[], bool]]:
     actor is down there is no state: `circuit_breaker` then passes and `upstream` fails."""
 
     def upstream_alive() -> bool:
-        return runtime.whereis(NAME) is not None
+        return runtime.whereis(UPSTREAM_NAME) is not None
 
     def breaker_not_open() -> bool:
         view = breaker_view(runtime)
         return view is None or not view.is_open
 
-    return {"upstream": upstream_alive, "circuit_breaker": breaker_not_open}
+    return {UPSTREAM_NAME: upstream_alive, "circuit_breaker": breaker_not_open}
 
 
 # --- the actor -----------------------------------------------------------------------------------
@@ -208,13 +218,8 @@ def error_code(kind: ResultKind, status: int | None, detail: str = "") -> str:
 
 
 class Upstream(Process):
-    def init(self, args: NodeContext) -> None:
-        config = args.config
-        policy = policy_from_settings(
-            threshold=config[CIRCUIT_BREAKER_FAILURE_THRESHOLD],
-            reset_timeout_ms=config[CIRCUIT_BREAKER_RESET_TIMEOUT_MS],
-            max_reset_timeout_ms=config[CIRCUIT_BREAKER_MAX_RESET_TIMEOUT_MS],
-        )
+    def init(self, args: UpstreamArgs) -> None:
+        policy = args.breaker
         # Callers admit themselves by reading the published state (no message per call), which
         # is only right when a half-open breaker admits call-path RPCs (the seed's observed
         # behaviour, the policy's default).
@@ -226,9 +231,9 @@ class Upstream(Process):
         self.limiter = WarnLimiter()
         self._poll_timer: Any = None
         # The lanes before the first effects: a transition drains the notification lane.
-        self.notify = NotifyLane(self, args, self.metrics.notify)
-        self.guardian = GuardianLane(self, args, self.metrics.guardian)
-        self.replay = ReplayLane(self, args, replay_metrics(args.registry), self.notify)
+        self.notify = NotifyLane(self, args.notify, args.rpc_timeout_s, self.metrics.notify)
+        self.guardian = GuardianLane(self, args.rpc_timeout_s, self.metrics.guardian)
+        self.replay = ReplayLane(self, args.replay, replay_metrics(args.registry), self.notify)
         self.notify.replay_active = lambda: self.replay.active
         self.notify.arm_replay = self.replay.arm_notify_loss
         self.recovery = RecoveryLane(self, self.notify, self.replay.calls)
@@ -338,7 +343,7 @@ class Upstream(Process):
         for effect in effects:
             match effect:
                 case Transition(previous=previous, current=current, line=line):
-                    self._log(line)
+                    log_line(log, line)
                     self.metrics.breaker_transitions.labels(previous.value, current.value).inc()
                     drain = drain or current is State.CLOSED
                     moved = True
@@ -401,7 +406,3 @@ class Upstream(Process):
         suffix = self.limiter.admit(kind, now)
         if suffix is not None:
             log.warning("%s%s", line, suffix)
-
-    @staticmethod
-    def _log(line: LogLine) -> None:
-        log.log(_LEVELS[line.level], "%s", line.text)

@@ -1,4 +1,12 @@
-"""Messages the `upstream` actor takes from the agent plane (tell, fire and forget).
+"""The upstream feature's leaf: its registered names, its messages, the channel table and the
+contracts between the upstream actors and the gateway's call path.
+
+The registered names: `upstream` (actors/upstream/actor.py), `upstream_regulator`
+(actors/upstream/regulator.py), `slow_server` (actors/upstream/slow_sampler.py) and
+`upstream_channel`, the actor in gateway/upstream/channel_actor.py that publishes the channels
+in the `upstream_channels` table (`upstream_channel` reads it).
+
+Messages the `upstream` actor takes from the agent plane (tell, fire and forget).
 
 What a restarted agent owner asks of the `upstream` actor while it recovers its session, and
 the answers (seed: "When an agent's owner process crashes", step 3; docs/owner-recovery.md).
@@ -15,20 +23,45 @@ A call either returns the decoded response or raises `UpstreamCallError`, whose 
 (`actors.core.breaker.classify`). `detail` is safe to log: it never holds request or
 response contents, certificate paths of key files, or metadata values.
 
+A replay and a recovered session take the call path of ProxyRegister (`Calls`, implemented by
+gateway/upstream/calls.py), which refuses a call it does not send with `UpstreamRefused`.
+
 The GatewayUpstream methods the gateway calls (gRPC routes on the full path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar
 
 import attrs
 from google.protobuf.message import Message
 
 from actors.core.breaker import ResultKind
 from actors.core.notify_store import Event, SettledOutcome
+from actors.core.permits import Caller
+from actors.registry.api import OWNERS_TABLE
 from protos.yuzu.agent.v1 import agent_pb2
+from supervisors.address import Address
+from supervisors.errors import TableGone
+
+if TYPE_CHECKING:
+    from supervisors.runtime import LoopSystemBase
+
+UPSTREAM_NAME: Final = "upstream"
+REGULATOR_NAME: Final = "upstream_regulator"
+CHANNEL_ACTOR_NAME: Final = "upstream_channel"
+SLOW_SERVER_NAME: Final = "slow_server"
+
+# The protected table the channel actor publishes its channels in, keyed by channel name.
+CHANNELS_TABLE: Final = "upstream_channels"
+# The registration, inventory and heartbeat code call the channel of this name.
+DEFAULT_CHANNEL: Final = "default_channel"
+
+# What the owner ends a recovered session's stream with when it was not presented again: the
+# server could not be reached, or the gateway is stopping (the agent registers again).
+FAILED_DETAILS: Final = "session owner restarted; the server could not be reached"
+STOPPING_DETAILS: Final = "gateway stopping; register again"
 
 
 @attrs.frozen
@@ -103,6 +136,39 @@ class UpstreamCallError(Exception):
         self.detail = detail
 
 
+RefusalReason = Literal["circuit_open", "queue_full", "deadline", "stopping", "unavailable"]
+
+
+class UpstreamRefused(Exception):
+    """The gateway refused the call itself; the gRPC handler answers UNAVAILABLE.
+
+    `circuit_open`: the breaker is open. `queue_full` / `deadline`: no permit (the request was
+    not sent). `stopping`: a planned stop. `unavailable`: the upstream actors are not running
+    (a restart gap; the seed's upstream_unavailable)."""
+
+    def __init__(self, reason: RefusalReason) -> None:
+        super().__init__(reason)
+        self.reason: RefusalReason = reason
+
+
+class Calls(Protocol):
+    """The call path of ProxyRegister and ProxyInventory (gateway/upstream/calls.py): the
+    breaker, a permit, the timeouts, the outcome told to the `upstream` actor."""
+
+    async def call(
+        self,
+        caller: Caller,
+        method: str,
+        request: Message,
+        response_type: type[M],
+        *,
+        grpc_timeout_s: float | None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> M:
+        """Returns the response, raises `UpstreamRefused` (not sent) or `UpstreamCallError`."""
+        ...
+
+
 class Channel(Protocol):
     """One named upstream channel (`default_channel`)."""
 
@@ -136,6 +202,12 @@ class Channel(Protocol):
         ...
 
 
+def upstream_channel(runtime: LoopSystemBase, name: str = DEFAULT_CHANNEL) -> Channel | None:
+    """The published channel `name` (a table read, no message), or None while none is."""
+    table = runtime.table(CHANNELS_TABLE)
+    return None if table is None else table.get(name)
+
+
 SERVICE: Final = "yuzu.gateway.v1.GatewayUpstream"
 
 
@@ -156,3 +228,47 @@ FORWARD_GUARDIAN_MESSAGE: Final = f"/{SERVICE}/ForwardGuardianMessage"
 
 # The metadata key that presents a session on a replay or an owner recovery (WIRE.md).
 SESSION_ID_METADATA: Final = "x-yuzu-session-id"
+
+
+@attrs.frozen
+class EndSession:
+    """Tell (the `upstream` actor's registration replay): the server refused this session (a
+    replay answered accepted=false, or FAILED_PRECONDITION: superseded). The owner of
+    `session_id` ends it normally, so its DISCONNECTED goes once, and closes the agent's stream
+    UNAVAILABLE with `details` so the agent registers afresh."""
+
+    session_id: str = attrs.field(repr=False)
+    details: str
+
+
+class StoredSession(Protocol):
+    """What the registration replay reads from an owner-table row. The rows are the owners'
+    (`OwnerRow`, actors/agents/api.py); reading them through this view keeps the upstream
+    feature below the agents one, which sends it notifications."""
+
+    @property
+    def owner(self) -> Address: ...
+
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def stream_home_id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def register(self) -> agent_pb2.RegisterRequest | None: ...
+
+
+def stored_session(runtime: LoopSystemBase, session_id: str) -> StoredSession | None:
+    """The session's owner-table row, or None (no row, or no table)."""
+    table = runtime.table(OWNERS_TABLE)
+    if table is None:
+        return None
+    try:
+        row: StoredSession | None = table.get(session_id)
+    except TableGone:
+        return None
+    return row

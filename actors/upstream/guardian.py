@@ -35,14 +35,12 @@ from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
 from actors.upstream.api import FORWARD_GUARDIAN_MESSAGE, ForwardGuardian
 from actors.upstream.lane import CallResult, LaneHost, result_of, start_call
-from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.messages import WorkerDone
 
 if TYPE_CHECKING:
     from actors.core.breaker import Ticket
     from actors.upstream.metrics import GuardianMetrics
-    from gateway.config.context import NodeContext
 
 __all__ = ["DROPPED_LINE", "MAX_INFLIGHT", "GuardianLane", "GuardianWork"]
 
@@ -64,11 +62,12 @@ class GuardianWork:
 
 
 class GuardianLane:
-    """Forwards in flight and their breaker tickets. Owned by the `upstream` actor."""
+    """Forwards in flight and their breaker tickets. Owned by the `upstream` actor; each call
+    takes `rpc_timeout_s` (upstream_rpc_timeout_ms)."""
 
-    def __init__(self, host: LaneHost, ctx: NodeContext, metrics: GuardianMetrics) -> None:
+    def __init__(self, host: LaneHost, rpc_timeout_s: float, metrics: GuardianMetrics) -> None:
         self.host = host
-        self.config = ctx.config
+        self.rpc_timeout_s = rpc_timeout_s
         self.metrics = metrics
         self.forwarded = 0
         self.dropped: dict[DropReason, int] = {"circuit_open": 0, "at_capacity": 0}
@@ -114,7 +113,7 @@ class GuardianLane:
             FORWARD_GUARDIAN_MESSAGE,
             lambda: gateway_pb2.ForwardGuardianRequest(agent_id=agent_id, response=response),
             gateway_pb2.ForwardGuardianAck,
-            timeout=self.config[UPSTREAM_RPC_TIMEOUT_MS] / 1000.0,
+            timeout=self.rpc_timeout_s,
         )
 
     def on_done(self, done: WorkerDone) -> None:

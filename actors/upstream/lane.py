@@ -19,8 +19,7 @@ import attrs
 from google.protobuf.message import Message
 
 from actors.core.breaker import Breaker, Effect, Lane, ResultKind, Ticket
-from actors.upstream.api import UpstreamCallError
-from gateway.upstream.channel_actor import upstream_channel
+from actors.upstream.api import UpstreamCallError, upstream_channel
 from supervisors.messages import WorkerDone
 
 if TYPE_CHECKING:

@@ -27,8 +27,10 @@ from collections.abc import Callable
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from actors.core import Count
 from actors.core import notify_store as ns
 from actors.core.breaker import State
+from actors.effects import count_into
 
 __all__ = [
     "GUARDIAN_DROP_REASONS",
@@ -132,13 +134,9 @@ class NotifyMetrics:
     unacked_keys: Gauge
     unacked_slow_keys: Gauge
 
-    def count(self, family: str, labels: tuple[tuple[str, str], ...], n: int = 1) -> None:
-        """Carry out a core `Count` effect (label values in the family's label order)."""
-        counter = self.counters[family]
-        if labels:
-            counter.labels(*(value for _, value in labels)).inc(n)
-        else:
-            counter.inc(n)
+    def count(self, effect: Count) -> None:
+        """Carry out a `Count` effect of the store."""
+        count_into(self.counters, effect)
 
     def watch(self, gauges: Callable[[], ns.Gauges] | None) -> None:
         """Read the gauges from `gauges()` at every scrape; None (the actor stopped): zeros."""

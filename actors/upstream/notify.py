@@ -16,13 +16,16 @@ core and carries out the effects it returns:
   host's breaker shell with `Lane.NOTIFY` (the same path an `Outcome` takes), then a drain.
 * Timers: the store's `next_deadline` (a resend falls due, a DISCONNECTED's window ends).
   Breaker transitions to closed and ProbeReady drain too (the host calls `drain`).
-* `Count` -> the prometheus counters; gauges are read at scrape time; `LogLine` -> logging;
-  `ArmFullReplay` -> an INFO line, a count and `arm_replay` (the replay lane, set by the
-  actor: actors/upstream/replay.py); `Settled` -> `on_settled` (the owner-recovery lane,
-  actors/upstream/recovery.py, set by the actor).
+* `Count` -> the prometheus counters; gauges are read at scrape time; `LogLine` -> logging
+  (both through actors/effects.py); `ArmFullReplay` -> an INFO line, a count and `arm_replay`
+  (the replay lane, set by the actor: actors/upstream/replay.py); `Settled` -> `on_settled`
+  (the owner-recovery lane, actors/upstream/recovery.py, set by the actor).
 * The planned stop's step 5 (`FlushNotifications`, asked by prep_stop) runs the core's
   `begin_flush` / `flush` / `finish_flush` and answers `FlushDone` when nothing is left or the
   budget is spent.
+
+The store's policy (notify_pending_max in force, the resend timings) and what every notification
+carries come in `NotifyArgs`, built from the Config by gateway/node/children/upstream.py.
 """
 
 from __future__ import annotations
@@ -37,11 +40,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 from grpclib.const import Status
 
-from actors.core import LogLine
 from actors.core.breaker import REQUEST_FAULT_STATUSES, Lane, ResultKind, Ticket
 from actors.core.notify_store import (
     ArmFullReplay,
-    Count,
     Event,
     Mode,
     Notification,
@@ -51,11 +52,10 @@ from actors.core.notify_store import (
     Send,
     Settled,
     log_text,
-    pending_max_for,
 )
-from actors.core.resend import ResendPolicy
 from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
+from actors.effects import carry_out
 from actors.registry.api import OWNERS_TABLE
 from actors.upstream.api import NOTIFY_STREAM_STATUS, Notify
 from actors.upstream.lane import (
@@ -66,26 +66,12 @@ from actors.upstream.lane import (
     start_call,
     start_killable_call,
 )
-from gateway.config.keys.cluster import CLUSTER_ID
-from gateway.config.keys.listeners import GRPC_LISTENERS
-from gateway.config.keys.replay import (
-    NOTIFY_PENDING_MAX,
-    NOTIFY_PROBE_TIMEOUT_MS,
-    NOTIFY_UNACKED_DISCONNECTED_WINDOW_MS,
-    NOTIFY_UNACKED_RETRY_BASE_MS,
-    NOTIFY_UNACKED_RETRY_MAX_MS,
-    NOTIFY_UNACKED_SLOW_AFTER_MS,
-    NOTIFY_UNACKED_SLOW_MAX_MS,
-)
-from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.errors import TableGone
 from supervisors.messages import WorkerDone
 
 if TYPE_CHECKING:
     from actors.upstream.metrics import NotifyMetrics
-    from gateway.config import Config
-    from gateway.config.context import NodeContext
     from supervisors.address import Address
 
 __all__ = [
@@ -95,11 +81,11 @@ __all__ = [
     "WIRE_CAPABILITIES",
     "FlushDone",
     "FlushNotifications",
+    "NotifyArgs",
     "NotifyLane",
     "NotifyTimer",
     "NotifyWork",
     "RaiseNotifyCap",
-    "notify_pending_max",
 ]
 
 log = logging.getLogger("yuzu_gw.upstream")
@@ -108,8 +94,7 @@ log = logging.getLogger("yuzu_gw.upstream")
 # commands for sessions announced with it.
 WIRE_CAPABILITIES: Final = ("command_dispatch_tag_v1",)
 # Owner-table states in which the node still holds the session (actors/registry/api.py): a
-# refused
-# CONNECTED is resent only while it does.
+# refused CONNECTED is resent only while it does.
 HELD_STATES: Final = frozenset({"live", "recovering"})
 # The seed names "Failed to notify stream status" as the line that accompanies a failed send
 # (L10; not limited); the rest of the text is this rebuild's.
@@ -123,12 +108,6 @@ REPLAY_ARMED_LINE: Final = (
 _EVENTS: Final = {
     Event.CONNECTED: gateway_pb2.StreamStatusNotification.CONNECTED,
     Event.DISCONNECTED: gateway_pb2.StreamStatusNotification.DISCONNECTED,
-}
-_LEVELS: Final = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
 }
 
 
@@ -176,32 +155,14 @@ class NotifyTimer:
     token: int = 0
 
 
-# --- configuration ------------------------------------------------------------------------------
+@attrs.frozen
+class NotifyArgs:
+    """What the lane reads: the store's policy, and this node's name and cluster id, which every
+    notification carries (`gateway_node`, `cluster_id`)."""
 
-
-def notify_pending_max(config: Config) -> int:
-    """notify_pending_max in force: the configured value, else 3 x the sum of the agent
-    listeners' limits.max_connections, at least 15,000 (C55)."""
-    configured = config[NOTIFY_PENDING_MAX]
-    if configured is not None:
-        return int(configured)
-    listeners: Iterable[Any] = config[GRPC_LISTENERS]
-    return pending_max_for(spec.limits.max_connections for spec in listeners if spec.serves_agent)
-
-
-def _policy(config: Config) -> NotifyPolicy:
-    resend_keys = (
-        NOTIFY_UNACKED_RETRY_BASE_MS,
-        NOTIFY_UNACKED_RETRY_MAX_MS,
-        NOTIFY_UNACKED_SLOW_AFTER_MS,
-        NOTIFY_UNACKED_SLOW_MAX_MS,
-        NOTIFY_UNACKED_DISCONNECTED_WINDOW_MS,
-    )
-    return NotifyPolicy(
-        pending_max=notify_pending_max(config),
-        probe_timeout_s=config[NOTIFY_PROBE_TIMEOUT_MS] / 1000.0,
-        resend=ResendPolicy.from_config({key.name: config[key] for key in resend_keys}),
-    )
+    policy: NotifyPolicy
+    gateway_node: str
+    cluster_id: str
 
 
 # --- the lane -----------------------------------------------------------------------------------
@@ -227,15 +188,18 @@ class _Flush:
 
 class NotifyLane:
     """The held store and the workers, timers and metrics around it. Owned by the `upstream`
-    actor; everything here runs inside its `receiveMessage`."""
+    actor; everything here runs inside its `receiveMessage`. Every send but the probe takes
+    `rpc_timeout_s` (upstream_rpc_timeout_ms)."""
 
-    def __init__(self, host: LaneHost, ctx: NodeContext, metrics: NotifyMetrics) -> None:
+    def __init__(
+        self, host: LaneHost, args: NotifyArgs, rpc_timeout_s: float, metrics: NotifyMetrics
+    ) -> None:
         self.host = host
-        self.config = ctx.config
-        self.gateway_node = ctx.node.name
-        self.cluster_id: str = ctx.config[CLUSTER_ID]
+        self.rpc_timeout_s = rpc_timeout_s
+        self.gateway_node = args.gateway_node
+        self.cluster_id = args.cluster_id
         self.metrics = metrics
-        self.store = NotifyStore(_policy(ctx.config), uniform=random.Random().uniform)
+        self.store = NotifyStore(args.policy, uniform=random.Random().uniform)
         self.replays_armed = 0
         # The replay lane's hooks (actors/upstream/replay.py), set by the `upstream` actor.
         self.replay_active: Callable[[], bool] = lambda: False
@@ -440,18 +404,16 @@ class NotifyLane:
             match effect:
                 case Send():
                     self._start(effect, now)
-                case Count(family=family, labels=labels, n=n):
-                    self.metrics.count(family, labels, n)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS[level], "%s", text)
                 case ArmFullReplay():
                     self._replay_armed(now)
                 case Settled():
                     self.on_settled(effect)  # an owner recovering its session waits for it
+                case _:
+                    carry_out(effect, log, self.metrics)
 
     def _start(self, send: Send, now: float) -> None:
         breaker = self.host.breaker
-        timeout = self.config[UPSTREAM_RPC_TIMEOUT_MS] / 1000.0
+        timeout = self.rpc_timeout_s
         if self.store.mode is Mode.RUNNING:
             admission = breaker.admit_notification(now)
             self.host.perform(list(admission.effects))

@@ -29,13 +29,17 @@ from actors.core.breaker import ResultKind
 from actors.core.notify_store import Event, NotifyKey, Settled, log_text
 from actors.core.permits import Caller
 from actors.upstream.api import (
+    FAILED_DETAILS,
     PROXY_REGISTER,
     SESSION_ID_METADATA,
+    STOPPING_DETAILS,
+    Calls,
     DisconnectSettled,
     PresentSession,
     SessionPresented,
     SettleDisconnected,
     UpstreamCallError,
+    UpstreamRefused,
 )
 from actors.upstream.lane import LaneHost
 from actors.upstream.replay import NOT_ACCEPTED_DETAILS, SUPERSEDED_DETAILS
@@ -44,15 +48,12 @@ from supervisors.messages import WorkerDone
 
 if TYPE_CHECKING:
     from actors.upstream.notify import NotifyLane
-    from gateway.upstream.calls import UpstreamCalls
     from supervisors.address import Address
 
-__all__ = ["FAILED_DETAILS", "STOPPING_DETAILS", "PresentWork", "RecoveryLane"]
+__all__ = ["PresentWork", "RecoveryLane"]
 
 log = logging.getLogger("yuzu_gw.upstream")
 
-FAILED_DETAILS: Final = "session owner restarted; the server could not be reached"
-STOPPING_DETAILS: Final = "gateway stopping; register again"
 _FAILED_PRECONDITION: Final = int(Status.FAILED_PRECONDITION.value)
 # One line per recovery that the server did not take (no session id, the reason's class only).
 NOT_PRESENTED_LINE: Final = "Owner recovery: {agent}'s session was not presented again ({why})"
@@ -72,7 +73,7 @@ class _Out:
     agent_id: str
 
 
-async def _present(calls: UpstreamCalls, msg: PresentSession) -> agent_pb2.RegisterResponse:
+async def _present(calls: Calls, msg: PresentSession) -> agent_pb2.RegisterResponse:
     return await calls.call(
         Caller.REPLAY,
         PROXY_REGISTER,
@@ -88,13 +89,10 @@ class RecoveryLane:
     `calls` is the replay lane's call path; `stopping` is set by a planned stop (no session is
     presented again then)."""
 
-    def __init__(self, host: LaneHost, notify: NotifyLane, calls: UpstreamCalls) -> None:
-        from gateway.upstream.calls import UpstreamRefused  # noqa: PLC0415 (import cycle)
-
+    def __init__(self, host: LaneHost, notify: NotifyLane, calls: Calls) -> None:
         self.host = host
         self.notify = notify
         self.calls = calls
-        self._refused_type = UpstreamRefused
         self.stopping = False
         self._waiters: defaultdict[NotifyKey, list[Address]] = defaultdict(list)
         self._out: dict[int, _Out] = {}
@@ -153,7 +151,7 @@ class RecoveryLane:
             answer = SessionPresented(out.session_id, False, SUPERSEDED_DETAILS, "superseded")
         else:
             # Refused before it was sent (no permit, the breaker open) or failed: the class only.
-            why = "refused" if isinstance(error, self._refused_type) else type(error).__name__
+            why = "refused" if isinstance(error, UpstreamRefused) else type(error).__name__
             answer = SessionPresented(out.session_id, False, FAILED_DETAILS, why)
         if not answer.accepted:
             self.not_presented += 1

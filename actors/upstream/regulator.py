@@ -1,4 +1,5 @@
-"""`upstream_regulator`: the actor that hands out upstream call permits.
+"""`upstream_regulator` (`REGULATOR_NAME`, actors/upstream/api.py): the actor that hands out
+upstream call permits.
 
 The Erlang gateway's yuzu_gw_upstream_regulator. It owns the `PermitPool` core
 (actors/core/permits.py) and publishes a `PermitGate` in its public table
@@ -32,7 +33,8 @@ on time (and never sent), and it carries out the core's effects: the answers, th
 live request waits (the `permits` lane's saturation) is published in the same table, which the
 slow-server sampler reads without a message.
 
-It finds the channel in the `upstream_channels` table the channel actor publishes, subscribes
+It finds the channel in the `upstream_channels` table the channel actor publishes
+(`upstream_channel`, actors/upstream/api.py), subscribes
 to its settings changes, and looks at the table again every second: when the channel is gone
 (its actor ended) the limit is unknown (0, so the configured sizes apply) until a new channel
 is found. A channel that closes tells its listeners 0 itself, so that is usually immediate.
@@ -41,6 +43,9 @@ A planned stop (`StopAdmitting`, then `ActorExitRequest`) refuses every waiter w
 so no caller waits out its deadline for an answer that cannot come, and after `StopAdmitting`
 every new request too. Each of those refusals is counted
 `yuzu_gw_upstream_permit_refused_total{reason="stopping"}`, like the core's own refusals.
+
+It starts with `RegulatorArgs`: the permit policy the Config resolves to and the lines that
+resolution logs (gateway/node/children/upstream.py), and the metric registry.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
+from prometheus_client import CollectorRegistry
 from thespian.actors import ActorExitRequest, WakeupMessage
 
 from actors.core import LogLine
@@ -66,36 +72,21 @@ from actors.core.permits import (
     Pool,
     Queued,
     Refused,
-    policy_from_settings,
 )
 from actors.core.slow_server import LaneFlag, SlowLane
+from actors.effects import carry_out, log_line
 from actors.node.api import StopAdmitting
+from actors.upstream.api import REGULATOR_NAME, Channel, upstream_channel
 from actors.upstream.metrics import REFUSAL_REASONS, UpstreamMetrics, upstream_metrics
-from gateway.config.keys.upstream import (
-    UPSTREAM_CALL_TIMEOUT_MS,
-    UPSTREAM_INVENTORY_CONCURRENCY,
-    UPSTREAM_PERMIT_QUEUE_MAX,
-    UPSTREAM_REGISTER_CONCURRENCY,
-    UPSTREAM_REPLAY_CONCURRENCY,
-    UPSTREAM_RPC_TIMEOUT_MS,
-)
-from gateway.upstream.channel_actor import TABLE as CHANNELS_TABLE
-from gateway.upstream.client_config import DEFAULT_CHANNEL
 from supervisors.address import Address
 from supervisors.process import Process
 from supervisors.reason import SHUTDOWN, ExitReason
 
 if TYPE_CHECKING:
-    from actors.upstream.api import Channel
-    from gateway.config import Config
-    from gateway.config.context import NodeContext
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [
-    "CHANNELS_TABLE",
-    "DEFAULT_CHANNEL",
     "GATE_KEY",
-    "NAME",
     "STATE_TABLE",
     "Answer",
     "GetPermits",
@@ -103,6 +94,7 @@ __all__ = [
     "PermitSnapshot",
     "RefusalReason",
     "Regulator",
+    "RegulatorArgs",
     "ServerMaxStreams",
     "permit_gate",
 ]
@@ -111,7 +103,6 @@ log = logging.getLogger("yuzu_gw.upstream_regulator")
 # The runtime's crash logger: a gate operation's crash is logged as one in receiveMessage is.
 crash_log = logging.getLogger("supervisors.crash")
 
-NAME = "upstream_regulator"
 STATE_TABLE = "upstream_regulator_state"
 GATE_KEY = "gate"
 # How often to look at the published channel (none yet, a channel restart, a test node with
@@ -120,12 +111,6 @@ GATE_KEY = "gate"
 ATTACH_RETRY_S = 1.0
 _EXPIRE = "expire"
 _ATTACH = "attach"
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
 
 RefusalReason = Literal["queue_full", "deadline", "stopping", "unavailable"]
 STOPPING: RefusalReason = "stopping"
@@ -135,7 +120,17 @@ UNAVAILABLE: RefusalReason = "unavailable"
 Answer = RefusalReason | None
 
 
-# --- messages and the gate -----------------------------------------------------------------------
+# --- arguments, messages and the gate -------------------------------------------------------------
+
+
+@attrs.frozen
+class RegulatorArgs:
+    """The permit policy in force at start, the lines its resolution logs (each regulator that
+    starts logs them), and the registry of the permit metrics (actors/upstream/metrics.py)."""
+
+    policy: PermitPolicy
+    lines: tuple[LogLine, ...]
+    registry: CollectorRegistry
 
 
 @attrs.frozen
@@ -174,30 +169,16 @@ class PermitSnapshot:
     server_max_streams: int
 
 
-def permit_policy_of(config: Config) -> tuple[PermitPolicy, list[LogLine]]:
-    """The permit policy the configuration asks for, and the lines its resolution logs (the
-    regulator logs them; the replay lane reads the resolved replay cap)."""
-    return policy_from_settings(
-        register=config[UPSTREAM_REGISTER_CONCURRENCY],
-        inventory=config[UPSTREAM_INVENTORY_CONCURRENCY],
-        replay=config[UPSTREAM_REPLAY_CONCURRENCY],
-        queue_max=config[UPSTREAM_PERMIT_QUEUE_MAX],
-        call_timeout_ms=config[UPSTREAM_CALL_TIMEOUT_MS],
-        rpc_timeout_ms=config[UPSTREAM_RPC_TIMEOUT_MS],
-    )
-
-
 # --- the actor -----------------------------------------------------------------------------------
 
 
 class Regulator(Process):
     trap_exit: ClassVar[bool] = True
 
-    def init(self, args: NodeContext) -> None:
-        policy, lines = permit_policy_of(args.config)
-        for line in lines:
-            self._log(line)
-        self.pool = PermitPool(policy)
+    def init(self, args: RegulatorArgs) -> None:
+        for line in args.lines:
+            log_line(log, line)
+        self.pool = PermitPool(args.policy)
         # A planned stop's StopAdmitting: every request is refused `stopping`.
         self.stopping = False
         # Public: the gate's operations run in the callers' coroutines, outside this actor, and
@@ -305,7 +286,7 @@ class Regulator(Process):
         runtime's crash line (class and top frame only, docs/runbook.md), so the supervisor
         restarts the regulator with a fresh pool."""
         reason = ExitReason.crash(exc)
-        crash_log.error("actor %s %s crashed: %s", NAME, self.myAddress, reason)
+        crash_log.error("actor %s %s crashed: %s", REGULATOR_NAME, self.myAddress, reason)
         self.exit(reason)
 
     def _ended_with(self, _reason: ExitReason) -> None:
@@ -335,10 +316,10 @@ class Regulator(Process):
                     if self._expire_at is None or deadline < self._expire_at:
                         self._arm_expire(deadline)
                 case LimitsChanged(line=line):
-                    self._log(line)
+                    log_line(log, line)
                     self._publish_limits()
-                case LogLine():
-                    self._log(effect)
+                case _:
+                    carry_out(effect, log)
         self._saturation.update(self.pool.live_waiting)
 
     def _answer(self, request_id: Hashable, answer: Answer) -> None:
@@ -396,18 +377,13 @@ class Regulator(Process):
             server_max_streams=pool.server_max_streams,
         )
 
-    @staticmethod
-    def _log(line: LogLine) -> None:
-        log.log(_LEVELS[line.level], "%s", line.text)
-
     # -- the channel's stream limit --
 
     def _check_channel(self) -> None:
         """Follow the published channel: subscribe to a new one, drop one that is gone. Runs at
         start and every ATTACH_RETRY_S, so a channel actor that restarted (or was killed, with
         no chance to report) is found again without a monitor on it."""
-        table = self.runtime.table(CHANNELS_TABLE)
-        channel: Channel | None = table.get(DEFAULT_CHANNEL) if table is not None else None
+        channel = upstream_channel(self.runtime)
         if channel is not self._channel:
             if self._channel is not None:
                 self._channel_gone()

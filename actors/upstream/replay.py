@@ -10,7 +10,8 @@ This shell turns the actor's messages into calls on the core and carries out wha
 * A lost CONNECTED (the notification lane's `ArmFullReplay`) -> `arm_notify_loss`; the core
   starts it once the breaker is closed and the notification store has drained below half.
 * Launching: while the breaker is not open, each session `launch` returns is replayed by a
-  worker: `UpstreamCalls.call(Caller.REPLAY, ProxyRegister, <the stored request>)` with the
+  worker: `Calls.call(Caller.REPLAY, ProxyRegister, <the stored request>)` (actors/upstream/
+  api.py; the call path of gateway/upstream/calls.py, which `ReplayArgs.calls` builds) with the
   session id in the `x-yuzu-session-id` metadata (WIRE.md), so the server adopts that session.
   The call path takes a `replay` permit (at most 24 at once, behind live registrations), the
   breaker's admission, upstream_rpc_timeout_ms, and tells this actor the outcome (`Lane.REPLAY`:
@@ -31,7 +32,8 @@ This shell turns the actor's messages into calls on the core and carries out wha
   second while an armed replay waits for the breaker or the store, or after a refusal.
 
 Metrics (actors/upstream/replay_metrics.py): `yuzu_gw_registration_replay_total` per attempt, the
-core's `Count`s, the queue depth read at scrape time. `status` shows counts only.
+core's `Count`s, the queue depth read at scrape time; the core's `Count`s and `LogLine`s are
+carried out by actors/effects.py. `status` shows counts only.
 """
 
 from __future__ import annotations
@@ -39,28 +41,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from grpclib.const import Status
 
-from actors.agents.api import EndSession, OwnerRow, owner_row
-from actors.core import Count, LogLine
+from actors.core import Count
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event, Notification, log_text
 from actors.core.permits import Caller
 from actors.core.replay_queue import REPLAYS, ReplayEffect, ReplayPolicy, ReplayQueue
 from actors.core.verdicts import HeartbeatVerdict
+from actors.effects import carry_out
 from actors.registry.api import AGENTS_TABLE
-from actors.upstream.api import PROXY_REGISTER, SESSION_ID_METADATA, UpstreamCallError
-from actors.upstream.lane import LaneHost
-from actors.upstream.regulator import permit_policy_of
-from gateway.config.keys.replay import (
-    REGISTRATION_REPLAY_QUEUE_MAX,
-    REGISTRATION_REPLAY_SESSION_GUARD_MS,
-    REGISTRATION_REPLAY_START_JITTER_MS,
+from actors.upstream.api import (
+    PROXY_REGISTER,
+    SESSION_ID_METADATA,
+    Calls,
+    EndSession,
+    StoredSession,
+    UpstreamCallError,
+    UpstreamRefused,
+    stored_session,
 )
+from actors.upstream.lane import LaneHost
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.errors import TableGone
 from supervisors.messages import WorkerDone
@@ -68,10 +73,8 @@ from supervisors.messages import WorkerDone
 if TYPE_CHECKING:
     from actors.upstream.notify import NotifyLane
     from actors.upstream.replay_metrics import ReplayMetrics
-    from gateway.config import Config
-    from gateway.config.context import NodeContext
-    from gateway.upstream.calls import UpstreamCalls
     from supervisors.address import Address
+    from supervisors.runtime import LoopSystemBase
     from supervisors.table import Table
 
 __all__ = [
@@ -81,10 +84,10 @@ __all__ = [
     "RETRY_S",
     "SUPERSEDED_DETAILS",
     "SUPERSEDED_LINE",
+    "ReplayArgs",
     "ReplayLane",
     "ReplayTimer",
     "ReplayWork",
-    "replay_policy",
 ]
 
 log = logging.getLogger("yuzu_gw.upstream")
@@ -113,12 +116,15 @@ FAILED_LINE: Final = "Registration replay: {agent} failed ({why}); a later verdi
 NOT_ACCEPTED_DETAILS: Final = "session not accepted by the server; register again"
 SUPERSEDED_DETAILS: Final = "session superseded; register again"
 
-_LEVELS: Final = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
+
+@attrs.frozen
+class ReplayArgs:
+    """What the lane reads: the core's policy, and how to build the call path its replays take
+    on the actor's runtime (`calls(runtime)`; the owner-recovery lane presents sessions on it
+    too)."""
+
+    policy: ReplayPolicy
+    calls: Callable[[LoopSystemBase], Calls]
 
 
 @attrs.frozen
@@ -143,26 +149,12 @@ class _Out:
     stream_home_id: str
 
 
-def replay_policy(config: Config) -> ReplayPolicy:
-    """The core's numbers from the configuration. The concurrency is the replay permits' cap as
-    the regulator resolves it (half of register unless set, never above register)."""
-    permits, _lines = permit_policy_of(config)  # the regulator logs the lines
-    return ReplayPolicy(
-        guard_s=config[REGISTRATION_REPLAY_SESSION_GUARD_MS] / 1000.0,
-        queue_max=config[REGISTRATION_REPLAY_QUEUE_MAX],
-        concurrency=permits.configured.replay,
-        start_jitter_s=config[REGISTRATION_REPLAY_START_JITTER_MS] / 1000.0,
-    )
-
-
-def _stored_request(row: OwnerRow) -> agent_pb2.RegisterRequest | None:
+def _stored_request(row: StoredSession) -> agent_pb2.RegisterRequest | None:
     request = row.register
     return request if isinstance(request, agent_pb2.RegisterRequest) else None
 
 
-async def _replay(
-    calls: UpstreamCalls, request: Any, session_id: str
-) -> agent_pb2.RegisterResponse:
+async def _replay(calls: Calls, request: Any, session_id: str) -> agent_pb2.RegisterResponse:
     return await calls.call(
         Caller.REPLAY,
         PROXY_REGISTER,
@@ -180,19 +172,14 @@ class ReplayLane:
     def __init__(
         self,
         host: LaneHost,
-        ctx: NodeContext,
+        args: ReplayArgs,
         metrics: ReplayMetrics,
         notify: NotifyLane,
     ) -> None:
-        # Imported here: gateway.upstream.calls imports actors.upstream.actor, which imports this
-        # module; by the time a lane is built both are loaded.
-        from gateway.upstream.calls import UpstreamCalls, UpstreamRefused  # noqa: PLC0415
-
         self.host = host
         self.metrics = metrics
-        self.core = ReplayQueue(replay_policy(ctx.config), uniform=random.Random().uniform)
-        self.calls = UpstreamCalls(host.runtime, ctx.config)
-        self._refused_type = UpstreamRefused
+        self.core = ReplayQueue(args.policy, uniform=random.Random().uniform)
+        self.calls = args.calls(host.runtime)
         # Adopted sessions are announced again through it; an armed replay waits for its store.
         self.notify = notify
         self._out: dict[int, _Out] = {}
@@ -250,7 +237,7 @@ class ReplayLane:
             self._answered(out, done.result)
         elif isinstance(error, UpstreamCallError):
             self._failed(out, error)
-        elif isinstance(error, self._refused_type):
+        elif isinstance(error, UpstreamRefused):
             # Not sent: the server never saw it, so it keeps its place and no guard stamp.
             self.core.unsent(out.session_id)
             self._resume_at = now + RETRY_S
@@ -377,8 +364,8 @@ class ReplayLane:
         except TableGone:
             return None
 
-    def _row(self, session_id: str) -> OwnerRow | None:
-        row = owner_row(self.host.runtime, session_id)
+    def _row(self, session_id: str) -> StoredSession | None:
+        row = stored_session(self.host.runtime, session_id)
         return row if row is not None and row.state == "live" else None
 
     def _is_held(self, session_id: str) -> bool:
@@ -397,11 +384,7 @@ class ReplayLane:
 
     def _carry_out(self, effects: list[ReplayEffect]) -> None:
         for effect in effects:
-            match effect:
-                case Count():
-                    self.metrics.count(effect)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS[level], "%s", text)
+            carry_out(effect, log, self.metrics)
 
     # -- status ----------------------------------------------------------------------------------
 

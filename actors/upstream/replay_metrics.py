@@ -12,6 +12,13 @@
 
 Every series exists at 0 from the start. One `ReplayMetrics` per registry: the two actors that
 count share it, and a restarted actor finds its families again.
+
+The verdict families live here, beside the replay lane, not beside the heartbeat buffer: a
+verdict exists to queue sessions for a replay, and its drops count the ids that queue did not
+take, most of them the replay core's decisions (not_local, circuit_open, queue_full). The buffer
+only reads the server's answer; it counts its malformed ids, its long-mailbox drops and the
+truncated answers into these families through the `Counts` its Args carry
+(gateway/node/children/heartbeat.py builds them), so it never imports this module.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from actors.core import Count
 from actors.core.replay_queue import REPLAYS, TRIGGERED, TRIGGERS
 from actors.core.verdicts import DROP_REASONS, UNKNOWN_TRUNCATED, VERDICT_DROPPED
+from actors.effects import count_into
 
 __all__ = ["ReplayMetrics", "replay_metrics"]
 
@@ -39,16 +47,13 @@ class ReplayMetrics:
 
     def count(self, effect: Count) -> None:
         """Apply one `Count` effect of the verdict or replay core."""
-        family = {
+        counters = {
             VERDICT_DROPPED: self.verdict_dropped,
             UNKNOWN_TRUNCATED: self.unknown_truncated,
             REPLAYS: self.replays,
             TRIGGERED: self.triggered,
-        }[effect.family]
-        if effect.labels:
-            family.labels(**dict(effect.labels)).inc(effect.n)
-        else:
-            family.inc(effect.n)
+        }
+        count_into(counters, effect)
 
     def watch(self, depth: Callable[[], int] | None) -> None:
         """Read the queue depth from `depth` at scrape time (None: 0, no replay lane runs)."""

@@ -1,4 +1,5 @@
-"""`slow_server`: the sampler that tells a slow server from the lanes' backpressure.
+"""`slow_server` (`SLOW_SERVER_NAME`, actors/upstream/api.py): the sampler that tells a slow
+server from the lanes' backpressure.
 
 The Erlang gateway's slow-server sampler (seed: "What happens when the server restarts > Slow
 server"; SPEC_INDEX M18, K58, CB-17). Every 100 ms it reads whether any upstream lane is
@@ -15,6 +16,8 @@ own protected table, and this actor reads the tables:
 
 A table that is missing (its owner is not running) reads as not saturated: a dead regulator has
 nobody waiting. The figure changes nothing the gateway does and is not a readiness input.
+
+It starts with `SlowSamplerArgs`: the registry its gauge lives in.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+import attrs
+from prometheus_client import CollectorRegistry
 from thespian.actors import WakeupMessage
 
 from actors.core.slow_server import SAMPLE_INTERVAL_S, SlowLane, SlowServer
@@ -32,14 +37,12 @@ from supervisors.errors import TableGone
 from supervisors.process import Process
 
 if TYPE_CHECKING:
-    from gateway.config.context import NodeContext
     from supervisors.address import Address
     from supervisors.reason import ExitReason
     from supervisors.runtime import LoopSystemBase
 
-__all__ = ["LANE_TABLES", "NAME", "SlowSampler", "saturated_lanes"]
+__all__ = ["LANE_TABLES", "SlowSampler", "SlowSamplerArgs", "saturated_lanes"]
 
-NAME = "slow_server"
 # Where each lane's owner publishes its saturation.
 LANE_TABLES: Final = (
     (REGULATOR_TABLE, SlowLane.PERMITS),
@@ -64,11 +67,18 @@ def saturated_lanes(runtime: LoopSystemBase) -> frozenset[SlowLane]:
     return frozenset(saturated)
 
 
+@attrs.frozen
+class SlowSamplerArgs:
+    """The registry of `yuzu_gw_upstream_slow` (actors/upstream/slow_metrics.py)."""
+
+    registry: CollectorRegistry
+
+
 class SlowSampler(Process):
     # The sampling period; a class attribute so a test can sample faster.
     interval_s: ClassVar[float] = SAMPLE_INTERVAL_S
 
-    def init(self, args: NodeContext) -> None:
+    def init(self, args: SlowSamplerArgs) -> None:
         self.window = SlowServer()
         self.metrics: SlowMetrics = slow_metrics(args.registry)
         self.lanes: frozenset[SlowLane] = frozenset()

@@ -31,6 +31,7 @@ import time
 import attrs
 from grpclib.server import Stream
 
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.api import BufferHeartbeat
 from actors.registry.api import (
     ADMISSION_REASONS,
@@ -44,7 +45,6 @@ from protos.yuzu.agent.v1 import agent_pb2
 
 __all__ = [
     "ADMISSION_STARTUP_LINE",
-    "HEARTBEAT_BUFFER",
     "SUMMARY_PREFIX",
     "RejectionSummary",
     "heartbeat",
@@ -52,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger("yuzu_gw.agent")
 
-HEARTBEAT_BUFFER = "heartbeat_buffer"
 ADMISSION_STARTUP_LINE = (
     "Heartbeat admission is connection-bound: a heartbeat is admitted only on the connection"
     " that opened its session."

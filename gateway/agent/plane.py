@@ -32,8 +32,8 @@ from grpclib.server import Stream
 
 from actors.core.breaker import Lane, ResultKind
 from actors.core.warn_limit import WarnLimiter
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Outcome, breaker_view
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from gateway.agent.metrics import AgentMetrics
 from gateway.agent.status import internal
 from gateway.config import Config

@@ -39,7 +39,7 @@ from actors.core.notify_store import log_text, sanitise_peer_addr
 from actors.core.permits import Caller
 from actors.registry.api import SUPERSEDED_DETAILS
 from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
-from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
+from actors.upstream.api import PROXY_REGISTER, UpstreamCallError, UpstreamRefused
 from gateway.agent.plane import AgentPlane, conn_key, receive, refuse_oversize
 from gateway.agent.status import (
     AGENT_ID_DETAILS,
@@ -50,7 +50,6 @@ from gateway.agent.status import (
     upstream_refused,
 )
 from gateway.listeners.connection import current_call
-from gateway.upstream.calls import UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2
 
 __all__ = [

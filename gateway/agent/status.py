@@ -17,9 +17,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from actors.core.breaker import ResultKind
-from actors.upstream.api import UpstreamCallError
+from actors.upstream.api import RefusalReason, UpstreamCallError, UpstreamRefused
 from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
-from gateway.upstream.calls import RefusalReason, UpstreamRefused
 
 __all__ = [
     "AGENT_ID_DETAILS",

@@ -35,7 +35,14 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.agents.api import AgentFrame, OwnerArgs, StreamClosed, StreamEnd, StreamHandle
+from actors.agents.api import (
+    AGENT_SUP_NAME,
+    AgentFrame,
+    OwnerArgs,
+    StreamClosed,
+    StreamEnd,
+    StreamHandle,
+)
 from actors.registry.api import ReleaseTaken, Taken, TakePending, TakeRefused, registry_address
 from actors.registry.registration import RESERVE_TIMEOUT_S
 from actors.upstream.api import SESSION_ID_METADATA
@@ -48,11 +55,10 @@ from supervisors.address import Address
 from supervisors.api import start_child
 from supervisors.reason import ExitReason
 
-__all__ = ["AGENT_SUP", "REATTACH_WAIT_S", "subscribe"]
+__all__ = ["REATTACH_WAIT_S", "subscribe"]
 
 log = logging.getLogger("yuzu_gw.agent")
 
-AGENT_SUP = "agent_sup"
 # K32: how long the stream waits for a restarted owner after an abnormal owner exit. Long enough
 # for the agent supervisor to restart it and the owner to re-adopt the session; short enough that
 # an agent whose owner is gone for good re-registers soon.
@@ -121,7 +127,7 @@ async def _take(plane: AgentPlane, session_id: str, key: Any) -> Taken:
 async def _start_owner(plane: AgentPlane, args: OwnerArgs) -> Address:
     runtime = plane.runtime
     release = ReleaseTaken(args.session_id)
-    sup = runtime.whereis(AGENT_SUP)
+    sup = runtime.whereis(AGENT_SUP_NAME)
     if sup is None:
         _tell_registry(plane, release)
         raise failed("Subscribe", "agent_sup_unavailable")

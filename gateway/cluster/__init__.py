@@ -1,3 +1,3 @@
 """The cluster: membership, the authenticated inter-node transport, and the management plane's
-reach to the other nodes (docs/cluster.md). Importing the package imports nothing else, so the
-config keys can use `gateway.cluster.seeds` without a cycle."""
+reach to the other nodes (docs/cluster.md). Peer addresses and this node's advertise address
+are read with the config (gateway/config/cluster_seeds.py, advertise.py, local_host.py)."""

@@ -48,8 +48,8 @@ from actors.core.warn_limit import WarnLimiter
 from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
 from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
 from gateway.cluster.metrics import cluster_metrics
-from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
 from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
+from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
 from gateway.config.keys.cluster import (
     CLUSTER_MAX_LIFETIME_ADDRS,
     CLUSTER_PORT,

@@ -27,8 +27,8 @@ from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
 from actors.cluster.api import PeerFrame
-from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import SERVICE, ClusterServer, ClusterService, PeerLink
+from gateway.config.cluster_seeds import PeerAddr
 from gateway.mgmt.command import ResponseWriter
 from gateway.mgmt.metrics import CommandOutcome
 from protos.yuzu.agent.v1 import agent_pb2

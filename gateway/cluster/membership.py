@@ -25,7 +25,7 @@ from typing import Literal
 
 import attrs
 
-from gateway.cluster.seeds import PeerAddr
+from gateway.config.cluster_seeds import PeerAddr
 
 __all__ = ["Dial", "DialOutcome", "Effect", "Membership", "Probe", "Resolve"]
 

@@ -49,7 +49,7 @@ from gateway.cluster.auth import (
     verify,
 )
 from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
-from gateway.cluster.seeds import PeerAddr
+from gateway.config.cluster_seeds import PeerAddr
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.mgmt.agents import get_agent, list_agents
 from gateway.mgmt.command import ResponseWriter, run_command

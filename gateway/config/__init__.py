@@ -12,9 +12,16 @@ Public API:
     docs.render_keys_table(schema)                                  the docs table
 
 Modules: `lexer` and `terms` (syntax), `converters` (term -> typed value), `schema` (Key
-declarations), `keys/` (the declarations per area), `resolve` (applying them, logging),
-`config` (the resolved object), `env` (variable parsers), `vm_args` and `cookie` (the node's
-identity), `loader` (files), `docs` (the generated table).
+declarations), `config` (the resolved object), `section` (a section's `Schema`: its keys and
+whole-config checks), `keys/` (the declarations per area), `resolve` (applying them, logging),
+`env` (variable parsers), `vm_args`, `cookie`, `advertise` and `local_host` (the node's
+identity and name), `loader` (files), `docs` (the generated table).
+
+The values of the structured keys are parsed and checked here too, so that every plane of
+gateway/ sits above the configuration it reads and this package imports none of them:
+`listener_spec`, `origin_sources` and `listener_overrides` (grpc_listeners), `cluster_seeds`
+(cluster_seed_nodes), `mgmt_auth_settings`, `mgmt_auth_boot` and `certs` (mgmt_peer_*).
+The one left outside is upstream_client's parser, gateway/config/upstream_client.py.
 """
 
 from gateway.config.closed import closed_map
@@ -23,7 +30,8 @@ from gateway.config.cookie import check_distribution_cookie
 from gateway.config.errors import TermSyntaxError
 from gateway.config.keys import SCHEMA
 from gateway.config.loader import ConfigPaths, default_paths, load, load_config
-from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse, Schema, Source, UseDefault
+from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse, Source, UseDefault
+from gateway.config.section import Schema
 from gateway.config.terms import Atom, ExternalFun, Term, format_term, parse_term, parse_terms
 from gateway.config.vm_args import NodeArgs, parse_vm_args
 

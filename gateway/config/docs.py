@@ -15,7 +15,8 @@ from typing import Any
 
 from gateway.config.keys import SCHEMA
 from gateway.config.loader import PROJECT_ROOT
-from gateway.config.schema import Key, NameOrigin, Schema
+from gateway.config.schema import Key, NameOrigin
+from gateway.config.section import Schema
 from gateway.config.terms import format_term
 
 BEGIN_MARKER = "<!-- BEGIN generated: keys table (python -m gateway.config.docs --write) -->"

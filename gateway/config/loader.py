@@ -18,7 +18,6 @@ from pathlib import Path
 
 import attrs
 
-from gateway.cluster.local_host import advertise_node
 from gateway.config.closed import CONFIG_SHAPE, DUPLICATE_KEYS
 from gateway.config.config import Config
 from gateway.config.cookie import check_distribution_cookie
@@ -26,10 +25,11 @@ from gateway.config.errors import TermSyntaxError
 from gateway.config.keys import SCHEMA
 from gateway.config.keys.cluster import CLUSTER_SEED_DNS_NAME, CLUSTER_SEED_NODES
 from gateway.config.keys.node import NODE_NAME
+from gateway.config.local_host import advertise_node
 from gateway.config.redact import shown_value
 from gateway.config.refusal import BootRefused
 from gateway.config.resolve import CONFIG_LOGGER, resolve_section
-from gateway.config.schema import Schema
+from gateway.config.section import Schema
 from gateway.config.terms import Atom, Term, read_term_file
 from gateway.config.vm_args import CONFIG_UNREADABLE, NodeArgs, parse_vm_args
 

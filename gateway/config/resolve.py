@@ -33,7 +33,8 @@ from gateway.config.config import Config
 from gateway.config.converters import BadValue
 from gateway.config.redact import shown_value
 from gateway.config.refusal import BootRefused
-from gateway.config.schema import Key, Refuse, Schema, Source
+from gateway.config.schema import Key, Refuse, Source
+from gateway.config.section import Schema
 from gateway.config.terms import Atom, Term, format_term
 
 CONFIG_LOGGER = "yuzu_gw.config"

@@ -8,8 +8,8 @@ Rules of this module:
 - A key's default is written as the Erlang term an operator would write (`<<"default">>`),
   and is run through the key's own converter when the key is declared, so a declaration with
   a default its converter refuses fails at import, not at some boot.
-- The key set is closed: a name that is neither a `Key` nor a declared dead key refuses boot
-  with `unknown_keys`.
+- One key at a time: the closed key set of a section, its dead keys and whole-config checks
+  are its `Schema` (`section.py`), which sits above the resolved `Config` it checks.
 
 To add a key, declare a `Key` in the area module under `gateway/config/keys/` and list it in
 that module's `KEYS`; then run `python -m gateway.config.docs --write` to refresh the table in
@@ -19,16 +19,13 @@ that module's `KEYS`; then run `python -m gateway.config.docs --write` to refres
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import attrs
 
 from gateway.config.converters import Converter
 from gateway.config.terms import Term
-
-if TYPE_CHECKING:
-    from gateway.config.config import Config
 
 T = TypeVar("T")
 
@@ -126,59 +123,3 @@ class Key(Generic[T]):
     default_value: T = attrs.field(
         init=False, default=attrs.Factory(_default_value, takes_self=True)
     )
-
-
-@attrs.frozen
-class DeadKeys:
-    """Key names that old configs carry and nothing reads: accepted, logged once at INFO."""
-
-    names: frozenset[str] = frozenset()
-    prefixes: tuple[str, ...] = ()
-    doc: str = ""
-
-    def matches(self, name: str) -> bool:
-        return name in self.names or name.startswith(self.prefixes)
-
-
-# A whole-config rule that runs after every key is resolved: it may raise BootRefused, log,
-# or return a Config with adjusted values (a later issue's YUZU_GW_AGENT_PORT rewrites a field
-# inside grpc_listeners this way).
-Check = Callable[["Config", Mapping[str, str]], "Config"]
-
-
-@attrs.frozen
-class NoEffectVariable:
-    """A variable that looks like an override but changes nothing: warned about when set."""
-
-    var: str
-    doc: str
-
-
-def _unique_names(_instance: Schema, _attribute: object, keys: tuple[Key[Any], ...]) -> None:
-    names = [k.name for k in keys]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"keys declared twice: {', '.join(duplicates)}")
-    variables = [k.env.var for k in keys if k.env is not None]
-    if len(variables) != len(set(variables)):
-        raise ValueError("an environment variable overrides two keys")
-
-
-@attrs.frozen
-class Schema:
-    """Every declaration of one application section, in documentation order."""
-
-    section: str
-    keys: tuple[Key[Any], ...] = attrs.field(validator=_unique_names)
-    dead: DeadKeys = DeadKeys()
-    no_effect_env: tuple[NoEffectVariable, ...] = ()
-    checks: tuple[Check, ...] = ()
-
-    def key(self, name: str) -> Key[Any]:
-        for key in self.keys:
-            if key.name == name:
-                return key
-        raise KeyError(name)
-
-    def accepts(self, name: str) -> bool:
-        return any(k.name == name for k in self.keys) or self.dead.matches(name)

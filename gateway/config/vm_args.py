@@ -9,7 +9,7 @@ arguments are separated by blanks. This gateway reads three flags and ignores th
     -setcookie ${YUZU_GW_COOKIE}    the distribution cookie
 
 `-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}` (the Erlang release's line) leaves the host to the
-advertise address: the variable when set, else found at boot (gateway/cluster/advertise.py),
+advertise address: the variable when set, else found at boot (gateway/config/advertise.py),
 so with the variable unset the host is empty here instead of refused.
 
 Emulator flags (`+K true`, `+A 64`) and other `-` flags mean nothing to a Python node and are
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from gateway.cluster.advertise import ADVERTISE_VAR
+from gateway.config.advertise import ADVERTISE_VAR
 from gateway.config.refusal import BootRefused
 
 # The cookie an unset YUZU_GW_COOKIE falls back to. It is public (it was in the Erlang
@@ -69,7 +69,7 @@ class NodeArgs:
     path: str
     # The -name line is `short@${YUZU_GW_ADVERTISE_ADDR}`: its host is the advertise address.
     advertise: bool = False
-    # Node `index` of the `host_nodes` the release runs on this host (gateway/release/plan.py).
+    # Node `index` of the `host_nodes` the release runs on this host (gateway/node/multinode.py).
     index: int = 1
     host_nodes: int = 1
 

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import attrs
 
+from gateway.config import default_paths, load_config, parse_vm_args
+from gateway.config.keys.node import NODE_NAME
+
 DEFAULT_RUN_DIR = "./run"
 # The shipped vm.args' `-name yuzu_gw@127.0.0.1`, for when nothing else can be read.
 DEFAULT_NODE_NAME = "yuzu_gw"
@@ -34,11 +37,6 @@ def short_name(full_name: str) -> str:
 def configured_short_name(env: Mapping[str, str]) -> str | None:
     """The short name the node will take from its configuration, or None if that cannot be
     read (the node itself then refuses to boot and says why; a client need not)."""
-    # Imported here: only this fallback needs the config package, and `ping` should not pay
-    # for loading it on every call.
-    from gateway.config import default_paths, load_config, parse_vm_args  # noqa: PLC0415
-    from gateway.config.keys.node import NODE_NAME  # noqa: PLC0415
-
     paths = default_paths(env)
     previous = logging.root.manager.disable
     # The config loader logs what it ignores; that is boot's output, not the client's.

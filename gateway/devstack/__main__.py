@@ -17,7 +17,7 @@ from gateway.console.paths import DEFAULT_RUN_DIR
 from gateway.devstack.stack import Options, run
 
 DEFAULT_AGENTS = 50
-# Enough to see fan-out; more is a benchmark (docs/benchmarks.md), not a dev stack.
+# Enough to see fan-out; more is a benchmark (docs/dev/benchmarks.md), not a dev stack.
 MAX_AGENTS = 5000
 
 

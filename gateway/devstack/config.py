@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import attrs
 
+from gateway.config.listener_spec import AGENT_SERVICE, DEFAULT_MGMT_PORT, MGMT_SERVICE
 from gateway.config.terms import Atom, ExternalFun, Term, format_term
 from gateway.devstack.pki import DevPki
-from gateway.listeners.spec import AGENT_SERVICE, DEFAULT_MGMT_PORT, MGMT_SERVICE
 
 __all__ = ["HOST", "UPSTREAM_PORT", "Ports", "derive", "render", "shipped_ports"]
 

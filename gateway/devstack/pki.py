@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gateway.mgmt.auth.certs import install_identity
+from gateway.config.certs import install_identity
 
 __all__ = ["DevPki", "Leaf", "ensure_pki", "load_pki", "write_pki"]
 

@@ -1,5 +1,5 @@
-"""Starting the fake Yuzu server (gateway/devstack/fake_upstream.py) the way the dev stack runs
-it: the default behaviour of docs/testing.md "The fake server" (every agent accepted, heartbeats
+"""Starting the fake Yuzu server (gateway/devstack/fake_upstream/) the way the dev stack runs
+it: the default behaviour of docs/dev/testing.md "The fake server" (every agent accepted, heartbeats
 acknowledged, stream-status notifications and Guardian events acknowledged), plaintext or with
 the stack's PKI.
 """

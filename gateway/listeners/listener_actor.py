@@ -30,17 +30,28 @@ import errno
 import logging
 import random
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core.overload_goaway import GRACE_S, Close, Effect, OverloadGoAway, SendAway
+from actors.listeners.api import (
+    RUNNING,
+    STATE_ROW,
+    SUSPENDED,
+    ListenerState,
+    Resume,
+    State,
+    Suspend,
+    actor_name,
+    table_name,
+)
+from gateway.config.listener_spec import ListenerSpec
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.retry_hint import OVERLOADED_HINT_MS
 from gateway.listeners.server import ListenerServer, Routes
-from gateway.listeners.spec import ListenerSpec
 from gateway.listeners.tls import TlsFilesUnusable
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
@@ -50,10 +61,6 @@ from supervisors.table import Table
 
 log = logging.getLogger("yuzu_gw.listeners")
 
-RUNNING = "running"
-SUSPENDED = "suspended"
-State = Literal["running", "suspended"]
-STATE_ROW = "state"
 _ACCEPT = "accept"
 _OVERLOAD = "overload"
 # Not for security: whom the overload go-away picks only has to be spread over the connections.
@@ -67,25 +74,6 @@ OVERLOAD_LOG = (
     " (GOAWAY overloaded, retry after %d to %d s) to bring it to the low watermark %d; closing"
     " them in %g s"
 )
-
-
-def table_name(listener: str) -> str:
-    return f"listener:{listener}"
-
-
-def actor_name(listener: str) -> str:
-    """The registered name of a listener's actor (`runtime.whereis(actor_name("agent"))`)."""
-    return f"listener_{listener}"
-
-
-@attrs.frozen
-class Suspend:
-    """Close the listen socket; established connections are untouched."""
-
-
-@attrs.frozen
-class Resume:
-    """Bind the listen socket again, on the same port."""
 
 
 @attrs.frozen
@@ -108,18 +96,6 @@ class Drained:
 @attrs.frozen
 class GetState:
     pass
-
-
-@attrs.frozen
-class ListenerState:
-    """The answer to `Suspend`, `Resume` and `GetState`, and the published table row.
-    `error` is the errno name of a failed resume (`eaddrinuse`, `emfile`), else None."""
-
-    name: str
-    state: State
-    address: tuple[str, int]
-    serves_agent: bool
-    error: str | None = None
 
 
 @attrs.frozen(eq=False)

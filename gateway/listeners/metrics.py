@@ -14,7 +14,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.listeners.origin import Ignored, Mode
+from gateway.config.origin_sources import Mode
+from gateway.listeners.origin import Ignored
 
 EXTRA_REQUEST_DATA = "extra_request_data"
 STREAM_ENDED = "stream_ended"

@@ -10,7 +10,8 @@ Rules of this module (seed: "Client addresses behind a proxy"):
 - A claim from a peer that is not a source is ignored, not refused: the call is served and
   attributed to the TCP peer, and `untrusted_source` is counted.
 - Addresses are bare IPs (no port, no brackets); IPv4-mapped IPv6 addresses are folded to
-  IPv4, in peers, claims and `sources` alike.
+  IPv4, in peers, claims and `sources` alike (the option's values, `Mode` and `Sources`, are
+  gateway/config/origin_sources.py).
 
 Nothing here does I/O or reads a clock; `protocol.py` calls `attribute` once per RPC stream.
 """
@@ -19,22 +20,14 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from collections.abc import Iterable
 
 import attrs
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from gateway.config.origin_sources import fold
 
 # Seed: a selected x-forwarded-for entry over 64 bytes is bad_claim "however valid it is".
 MAX_XFF_ENTRY_BYTES = 64
 XFF_HEADER = "x-forwarded-for"
-
-
-class Mode(enum.Enum):
-    TRANSPORT = "transport"
-    PROXY_PROTOCOL = "proxy_protocol"
-    FORWARDED_FOR = "forwarded_for"
 
 
 class Ignored(enum.Enum):
@@ -49,13 +42,6 @@ class Ignored(enum.Enum):
 Claim = str | Ignored
 
 
-def fold(address: IPAddress) -> IPAddress:
-    """An IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4 address it carries."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
-
-
 def peer_address(host: str) -> str:
     """The TCP peer as the bare, folded IP text; a zone (`%eth0`) is dropped."""
     try:
@@ -63,72 +49,6 @@ def peer_address(host: str) -> str:
     except ValueError:
         # Not an IP socket address (a unix socket in a test): keep it as the kernel gave it.
         return host
-
-
-_MAPPED_V4 = ipaddress.IPv6Network("::ffff:0:0/96")
-
-
-class MappedPrefixTooShort(ValueError):
-    """An IPv4-mapped source network with a prefix of 96 or less: it would be all of IPv4
-    (or more), which is never what an operator means by one proxy's address."""
-
-
-def fold_network(network: IPNetwork) -> IPNetwork:
-    """A network written in IPv4-mapped form as the IPv4 network it covers."""
-    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED_V4):
-        if network.prefixlen <= 96:
-            raise MappedPrefixTooShort(str(network))
-        v4 = ipaddress.IPv6Address(int(network.network_address)).ipv4_mapped
-        assert v4 is not None
-        return ipaddress.IPv4Network((v4, network.prefixlen - 96))
-    if (
-        isinstance(network, ipaddress.IPv6Network)
-        and network.prefixlen <= 96
-        and _MAPPED_V4.subnet_of(network)
-    ):
-        # A wider IPv6 network that contains the mapped range would trust every IPv4 peer
-        # once peers are folded: refused for the same reason.
-        raise MappedPrefixTooShort(str(network))
-    return network
-
-
-@attrs.frozen
-class Sources:
-    """The proxies a listener trusts, as its socket sees them: single addresses (a set, so
-    the common case is one hash lookup) and networks."""
-
-    addresses: frozenset[IPAddress] = frozenset()
-    networks: tuple[IPNetwork, ...] = ()
-
-    @classmethod
-    def of(cls, items: Iterable[IPAddress | IPNetwork]) -> Sources:
-        addresses: set[IPAddress] = set()
-        networks: list[IPNetwork] = []
-        for item in items:
-            if isinstance(item, ipaddress.IPv4Address | ipaddress.IPv6Address):
-                addresses.add(fold(item))
-            else:
-                folded = fold_network(item)
-                if folded.num_addresses == 1:
-                    addresses.add(folded.network_address)
-                else:
-                    networks.append(folded)
-        return cls(frozenset(addresses), tuple(networks))
-
-    def __len__(self) -> int:
-        return len(self.addresses) + len(self.networks)
-
-    def trusts(self, peer: str) -> bool:
-        """Is the (folded, bare) TCP peer address one of the sources?"""
-        try:
-            address = fold(ipaddress.ip_address(peer))
-        except ValueError:
-            return False
-        if address in self.addresses:
-            return True
-        return any(
-            address.version == network.version and address in network for network in self.networks
-        )
 
 
 # -- x-forwarded-for ----------------------------------------------------------------------

@@ -62,6 +62,8 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 from prometheus_client import Counter
 
+from gateway.config.listener_spec import ListenerSpec
+from gateway.config.origin_sources import Mode, Sources
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.listeners.h2_settings import compact
@@ -75,16 +77,7 @@ from gateway.listeners.metrics import (
     STREAM_ENDED,
     ListenerMetrics,
 )
-from gateway.listeners.origin import (
-    XFF_HEADER,
-    Claim,
-    Ignored,
-    Mode,
-    Sources,
-    attribute,
-    forwarded_claim,
-)
-from gateway.listeners.spec import ListenerSpec
+from gateway.listeners.origin import XFF_HEADER, Claim, Ignored, attribute, forwarded_claim
 
 log = logging.getLogger("yuzu_gw.listeners")
 

@@ -25,7 +25,8 @@ import struct
 
 import attrs
 
-from gateway.listeners.origin import Claim, Ignored, IPAddress, fold
+from gateway.config.origin_sources import IPAddress, fold
+from gateway.listeners.origin import Claim, Ignored
 
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 V2_FIXED = 16  # signature, version/command, family/transport, 16-bit length

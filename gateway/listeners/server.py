@@ -45,9 +45,11 @@ from grpclib.const import Handler as MethodHandler
 from grpclib.server import Server
 from h2.errors import ErrorCodes
 
+from gateway.config.listener_spec import ListenerSpec
+from gateway.config.origin_sources import Mode
 from gateway.listeners.connection import ConnectionInfo, next_key
 from gateway.listeners.metrics import GRACE_ENDED, LISTENER_STOPPED, OVERLOADED, ListenerMetrics
-from gateway.listeners.origin import Claim, Mode, peer_address
+from gateway.listeners.origin import Claim, peer_address
 from gateway.listeners.protocol import ConnectionPolicy, ListenerHandler, ListenerProtocol
 from gateway.listeners.proxy_header import (
     V1_MAX,
@@ -60,7 +62,6 @@ from gateway.listeners.proxy_header import (
     v2_length,
     version_of,
 )
-from gateway.listeners.spec import ListenerSpec
 from gateway.listeners.tls import server_context
 
 log = logging.getLogger("yuzu_gw.listeners")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ssl
 
-from gateway.listeners.spec import TlsSpec
+from gateway.config.listener_spec import TlsSpec
 
 
 class TlsFilesUnusable(Exception):

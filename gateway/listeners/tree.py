@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import resource
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 from gateway.config.context import NodeContext
 from gateway.config.keys.listeners import ALLOW_NO_LISTENERS, GRPC_LISTENERS
+from gateway.config.listener_spec import BAD_ROUTES, ListenerSpec
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import format_atom
 from gateway.listeners.connection import ConnectionInfo
@@ -37,12 +38,8 @@ from gateway.listeners.listener_actor import (
 )
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.server import Routes
-from gateway.listeners.spec import BAD_ROUTES, ListenerSpec
 from supervisors.supervisor import ChildSpec
 from supervisors.table import Table
-
-if TYPE_CHECKING:
-    from gateway.mgmt.auth.gate import PeerGate
 
 log = logging.getLogger("yuzu_gw.listeners")
 
@@ -54,12 +51,19 @@ FD_HEADROOM = 5500
 LISTENER_SHUTDOWN_S = 5.0
 
 
+class RouteGuard(Protocol):
+    """What stands in front of a listener's routes: the management peer authorisation
+    (gateway/mgmt/auth/gate.py's `PeerGate`), handed down by the tree that starts both."""
+
+    def guard(self, spec: ListenerSpec, routes: Collection[Routes]) -> tuple[Routes, ...]: ...
+
+
 def listener_child_specs(
     ctx: NodeContext,
     handlers: Mapping[str, object],
     *,
     on_connection_closed: Callable[[ConnectionInfo], None] | None = None,
-    peer_gate: PeerGate | None = None,
+    peer_gate: RouteGuard | None = None,
 ) -> tuple[ChildSpec, ...]:
     """One permanent worker per configured listener, in config order, named
     `listener_<name>`; registers the `listeners` readiness check. `on_connection_closed` is

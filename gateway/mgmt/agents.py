@@ -38,9 +38,9 @@ from grpclib.server import Stream
 
 from actors.cluster.api import connected_links
 from actors.registry.api import AGENTS_BY_ID, AgentRow, agent_session, held_agent_ids
-from gateway.cluster.remote import merge_pages, peer_agent, peer_pages
 from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.plane import MgmtPlane, receive
+from gateway.mgmt.remote import merge_pages, peer_agent, peer_pages
 from protos.yuzu.common.v1 import common_pb2
 from protos.yuzu.server.v1 import management_pb2
 

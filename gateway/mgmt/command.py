@@ -40,14 +40,20 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.cluster.api import LocalRouteCommand, connected_links
+from actors.cluster.api import connected_links
 from actors.registry.api import held_agent_ids
-from actors.router.actor import ROUTER_NAME
-from actors.router.api import NOT_CONNECTED, AbandonCommand, ResponseKind, RouteCommand
-from gateway.cluster.remote import cluster_held_ids
+from actors.router.api import (
+    NOT_CONNECTED,
+    ROUTER_NAME,
+    AbandonCommand,
+    LocalRouteCommand,
+    ResponseKind,
+    RouteCommand,
+)
 from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.metrics import CommandOutcome, MgmtMetrics
 from gateway.mgmt.plane import MgmtPlane, receive
+from gateway.mgmt.remote import cluster_held_ids
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.reason import ExitReason
 

@@ -4,7 +4,7 @@ actors/agents/watch.py).
 The watcher is registered before the response headers go out, so an operator that has read them
 misses no later event; the stream then runs until the operator ends it or its connection closes.
 No watcher table (a tree without the root supervisor) is UNAVAILABLE. In a cluster the watcher
-also gets the events of every connected peer's agents (gateway/cluster/remote.py `relay_watch`;
+also gets the events of every connected peer's agents (gateway/mgmt/remote.py `relay_watch`;
 `local=True` is a peer's own watch, of this node's agents only).
 """
 
@@ -19,8 +19,8 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.agents.watch import WATCHERS_TABLE, Watcher
-from gateway.cluster.remote import relay_watch
 from gateway.mgmt.plane import MgmtPlane, receive
+from gateway.mgmt.remote import relay_watch
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.errors import TableGone
 

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 
 from gateway.config import default_paths, load
 from gateway.config.context import NodeContext
+from gateway.node.multinode import apply_env
 from gateway.node.process_collector import ProcessCollector
-from gateway.release.plan import apply_env
 from gateway.upstream.boot_check import check_upstream
 
 # Where the pid file, log, console socket and trial cookie live (`YUZU_GW_RUN_DIR`).

@@ -47,9 +47,10 @@ from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from actors.registry.actor import Registry
 from actors.registry.api import REGISTRY_NAME
-from actors.router.actor import ROUTER_NAME, Router
-from actors.upstream.actor import NAME as UPSTREAM
+from actors.router.actor import Router
+from actors.router.api import ROUTER_NAME
 from actors.upstream.actor import Upstream
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from supervisors.address import Address
 from supervisors.reason import ExitReason
 from supervisors.runtime import LoopSystemBase

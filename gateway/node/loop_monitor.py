@@ -50,7 +50,7 @@ LAG = "yuzu_gw_event_loop_lag_seconds"
 MAX_STALL = "yuzu_gw_event_loop_max_stall_seconds"
 STALL = "yuzu_gw_event_loop_stall_seconds"
 BUSY_STALL = "yuzu_gw_event_loop_busy_stall_seconds"
-# Around the 50 ms stall target of issue 4 (docs/benchmarks.md), up to a full collection of a
+# Around the 50 ms stall target of issue 4 (docs/dev/benchmarks.md), up to a full collection of a
 # large heap; below the tick (10 ms) a bucket says only "on time".
 STALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -1,4 +1,7 @@
-"""What the memory shedder samples: the node's anonymous resident memory (`RssAnon`).
+"""The node's memory as /proc/self/status gives it: what the memory shedder samples (its anonymous
+resident memory, `RssAnon`), what mem_reclaim logs around a pass, and the `rss` and `rss_anon`
+kinds of the node gauges (actors/node/metrics.py). The actors get these readers in their Args
+(gateway/node/children/): only gateway/ reads files.
 
 The Erlang gateway samples `erlang:memory(total)`, the memory its VM has allocated, and the seed
 gives the reasons ("Node-wide memory load shedding"): it is what agent connections cost and what
@@ -19,36 +22,58 @@ from `/proc/self/status`: the resident pages of the heap and of every anonymous 
 Off Linux there is no `/proc/self/status`: `rss_anon_bytes` answers None and the shedder runs
 inactive (`memory_sample_unavailable`).
 
-`READER` is the reader the shedder actor takes at start. Tests that run a node in-process replace
-it with `monkeypatch.setattr(memory_reader, "READER", fake)` before the node starts; nothing
-else writes it.
+`READER` is the reader the shedder actor is given when the tree starts. Tests that run a node
+in-process replace it with `monkeypatch.setattr(memory_reader, "READER", fake)` before the node
+starts; nothing else writes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
-__all__ = ["READER", "STATUS_PATH", "Reader", "rss_anon_bytes", "rss_anon_kb"]
+from actors.node.metrics import RSS, RSS_ANON
+
+__all__ = [
+    "READER",
+    "STATUS_PATH",
+    "Reader",
+    "process_memory",
+    "rss_anon_bytes",
+    "rss_anon_kb",
+]
 
 STATUS_PATH = Path("/proc/self/status")
+# The /proc/self/status fields read, and the node gauges' kind for each.
+_FIELDS: Final = {"VmRSS:": RSS, "RssAnon:": RSS_ANON}
 
 # Bytes of memory in use now, or None when it cannot be read.
 Reader = Callable[[], "int | None"]
 
 
-def rss_anon_kb(status_path: Path = STATUS_PATH) -> int | None:
-    """`RssAnon` in kB (the kernel's unit), or None off Linux or before kernel 4.5."""
+def _status_kb(status_path: Path) -> dict[str, int]:
+    """The fields of `_FIELDS` found, in kB (the kernel's unit); {} without the file."""
     try:
         text = status_path.read_text(encoding="ascii", errors="replace")
     except OSError:
-        return None
+        return {}
+    found: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("RssAnon:"):
-            fields = line.split()
-            if len(fields) == 3 and fields[1].isdecimal():
-                return int(fields[1])
-    return None
+        fields = line.split()
+        if len(fields) == 3 and fields[0] in _FIELDS and fields[1].isdecimal():
+            found[fields[0]] = int(fields[1])
+    return found
+
+
+def rss_anon_kb(status_path: Path = STATUS_PATH) -> int | None:
+    """`RssAnon` in kB, or None off Linux or before kernel 4.5."""
+    return _status_kb(status_path).get("RssAnon:")
+
+
+def process_memory(status_path: Path = STATUS_PATH) -> dict[str, int]:
+    """`rss` and `rss_anon` in bytes from one read of /proc/self/status; {} off Linux."""
+    return {_FIELDS[field]: kb * 1024 for field, kb in _status_kb(status_path).items()}
 
 
 def rss_anon_bytes(status_path: Path = STATUS_PATH) -> int | None:

@@ -9,8 +9,8 @@ tree has started, before any message or timer ran, so the series present at star
 on every run. The block sits between two marker comments; a test fails when the file's block
 differs from what the registry renders, so the catalogue cannot drift from the code.
 
-The seed's families (SPEC_INDEX section 5) are mapped to their catalogue entries here, with the
-ones this gateway does not export yet and the issue that brings each.
+The families the manual names are marked in the catalogue, with those exported under another
+name and those never exported.
 """
 
 from __future__ import annotations
@@ -58,77 +58,80 @@ BOOT_CONFIG: Final = PROJECT_ROOT / "sys_config" / "test.config"
 BOOT_VM_ARGS: Final = PROJECT_ROOT / "sys_config" / "vm.args"
 PREFIX: Final = "yuzu_gw_"
 
-# The seed's families by exposition name -> their SPEC_INDEX number (section 5).
-SEED_FAMILIES: Final[Mapping[str, str]] = {
-    "yuzu_gw_heartbeat_coalesced_total": "M01",
-    "yuzu_gw_heartbeat_buffer_dropped_total": "M02",
-    "yuzu_gw_heartbeat_rejected_total": "M03",
-    "yuzu_gw_heartbeat_session_mismatch_total": "M04",
-    "yuzu_gw_inventory_rejected_total": "M05",
-    "yuzu_gw_agents_current": "M06",
-    "yuzu_gw_agents_connected_total": "M07",
-    "yuzu_gw_register_refused_total": "M08",
-    "yuzu_gw_upstream_permit_refused_total": "M09",
-    "yuzu_gw_upstream_calls_dropped_total": "M10",
-    "yuzu_gw_upstream_permit_wait_seconds": "M11",
-    "yuzu_gw_upstream_permits_held": "M12",
-    "yuzu_gw_upstream_permits_waiting": "M13",
-    "yuzu_gw_upstream_server_max_streams": "M14",
-    "yuzu_gw_upstream_permit_limit": "M15",
-    "yuzu_gw_upstream_rpc_errors_total": "M16",
-    "yuzu_gw_upstream_tls_handshake_failures_total": "M17",
-    "yuzu_gw_upstream_slow": "M18",
-    "yuzu_gw_upstream_notify_pending": "M19",
-    "yuzu_gw_upstream_notify_inflight": "M20",
-    "yuzu_gw_upstream_notify_pending_hwm": "M21",
-    "yuzu_gw_upstream_notify_pending_max": "M22",
-    "yuzu_gw_upstream_notify_coalesced_total": "M23",
-    "yuzu_gw_upstream_notify_requeued_total": "M24",
-    "yuzu_gw_upstream_notify_dropped_total": "M25",
-    "yuzu_gw_upstream_notify_lost_total": "M26",
-    "yuzu_gw_upstream_notify_unacknowledged_total": "M27",
-    "yuzu_gw_upstream_notify_unacked_keys": "M28",
-    "yuzu_gw_upstream_notify_unacked_slow_keys": "M29",
-    "yuzu_gw_upstream_notify_unacked_ended_total": "M30",
-    "yuzu_gw_registration_replay_triggered_total": "M31",
-    "yuzu_gw_registration_replay_total": "M32",
-    "yuzu_gw_registration_replay_queue_depth": "M33",
-    "yuzu_gw_heartbeat_verdict_dropped_total": "M34",
-    "yuzu_gw_heartbeat_unknown_truncated_total": "M35",
-    "yuzu_gw_memory_shedding_active": "M36",
-    "yuzu_gw_memory_shedding_suspensions_total": "M37",
-    "yuzu_gw_memory_shedding_transition_failures_total": "M38",
-    "yuzu_gw_memory_shedding_transition_failing": "M39",
-    "yuzu_gw_memory_shedding_high_water_bytes": "M40",
-    "yuzu_gw_memory_shedding_low_water_bytes": "M41",
-    "yuzu_gw_memory_shedding_inactive": "M42",
-    "yuzu_gw_process_memory_bytes": "M43",
-    "yuzu_gw_grpc_connection_killed_total": "M44",
-    "yuzu_gw_grpc_recv_timeout_total": "M45",
-    "yuzu_gw_grpc_origin_ignored_total": "M46",
-    "yuzu_gw_grpc_dropped_data_bytes_total": "M47",
-    "yuzu_gw_mgmt_auth_rejected_total": "M48",
-    "yuzu_gw_mgmt_auth_admitted_total": "M49",
-    "yuzu_gw_mgmt_auth_pin_unresolved_total": "M50",
-    "yuzu_gw_mgmt_pin_rotated_timestamp_seconds": "M51",
-    "yuzu_gw_cert_expiry_timestamp_seconds": "M52",
-    "yuzu_gw_cert_file_readable": "M53",
-    "yuzu_gw_agent_owner_restarts_total": "M54",
-    "yuzu_gw_cluster_peers_resolved": "M55",
-    "yuzu_gw_cluster_peers_connected": "M56",
-}
-# Seed names this gateway exports under another name, and why.
+# The families the manual names ("Prometheus Metrics" and the sections of the features they
+# measure); every other family is this gateway's own.
+SEED_FAMILIES: Final[frozenset[str]] = frozenset(
+    {
+        "yuzu_gw_heartbeat_coalesced_total",
+        "yuzu_gw_heartbeat_buffer_dropped_total",
+        "yuzu_gw_heartbeat_rejected_total",
+        "yuzu_gw_heartbeat_session_mismatch_total",
+        "yuzu_gw_inventory_rejected_total",
+        "yuzu_gw_agents_current",
+        "yuzu_gw_agents_connected_total",
+        "yuzu_gw_register_refused_total",
+        "yuzu_gw_upstream_permit_refused_total",
+        "yuzu_gw_upstream_calls_dropped_total",
+        "yuzu_gw_upstream_permit_wait_seconds",
+        "yuzu_gw_upstream_permits_held",
+        "yuzu_gw_upstream_permits_waiting",
+        "yuzu_gw_upstream_server_max_streams",
+        "yuzu_gw_upstream_permit_limit",
+        "yuzu_gw_upstream_rpc_errors_total",
+        "yuzu_gw_upstream_tls_handshake_failures_total",
+        "yuzu_gw_upstream_slow",
+        "yuzu_gw_upstream_notify_pending",
+        "yuzu_gw_upstream_notify_inflight",
+        "yuzu_gw_upstream_notify_pending_hwm",
+        "yuzu_gw_upstream_notify_pending_max",
+        "yuzu_gw_upstream_notify_coalesced_total",
+        "yuzu_gw_upstream_notify_requeued_total",
+        "yuzu_gw_upstream_notify_dropped_total",
+        "yuzu_gw_upstream_notify_lost_total",
+        "yuzu_gw_upstream_notify_unacknowledged_total",
+        "yuzu_gw_upstream_notify_unacked_keys",
+        "yuzu_gw_upstream_notify_unacked_slow_keys",
+        "yuzu_gw_upstream_notify_unacked_ended_total",
+        "yuzu_gw_registration_replay_triggered_total",
+        "yuzu_gw_registration_replay_total",
+        "yuzu_gw_registration_replay_queue_depth",
+        "yuzu_gw_heartbeat_verdict_dropped_total",
+        "yuzu_gw_heartbeat_unknown_truncated_total",
+        "yuzu_gw_memory_shedding_active",
+        "yuzu_gw_memory_shedding_suspensions_total",
+        "yuzu_gw_memory_shedding_transition_failures_total",
+        "yuzu_gw_memory_shedding_transition_failing",
+        "yuzu_gw_memory_shedding_high_water_bytes",
+        "yuzu_gw_memory_shedding_low_water_bytes",
+        "yuzu_gw_memory_shedding_inactive",
+        "yuzu_gw_process_memory_bytes",
+        "yuzu_gw_grpc_connection_killed_total",
+        "yuzu_gw_grpc_recv_timeout_total",
+        "yuzu_gw_grpc_origin_ignored_total",
+        "yuzu_gw_grpc_dropped_data_bytes_total",
+        "yuzu_gw_mgmt_auth_rejected_total",
+        "yuzu_gw_mgmt_auth_admitted_total",
+        "yuzu_gw_mgmt_auth_pin_unresolved_total",
+        "yuzu_gw_mgmt_pin_rotated_timestamp_seconds",
+        "yuzu_gw_cert_expiry_timestamp_seconds",
+        "yuzu_gw_cert_file_readable",
+        "yuzu_gw_agent_owner_restarts_total",
+        "yuzu_gw_cluster_peers_resolved",
+        "yuzu_gw_cluster_peers_connected",
+    }
+)
+# Names of the manual this gateway exports under another name, and why.
 RENAMED: Final[Mapping[str, tuple[str, str]]] = {
     "yuzu_gw_beam_memory_bytes": (
         "yuzu_gw_process_memory_bytes",
         "there is no BEAM: the process's memory by kind (actors/node/metrics.py)",
     ),
 }
-# Families the seed or issue 10 names whose behaviour does not exist yet: (ref, what brings it).
+# Families the manual names whose behaviour does not exist yet: (ref, what brings it).
 NOT_YET_EXPORTED: Final[Mapping[str, tuple[str, str]]] = {}
-# Named by the seed as planned and superseded; never to be exported.
+# Named by the manual as planned and superseded; never to be exported.
 SUPERSEDED: Final[Mapping[str, str]] = {
-    "yuzu_gw_cluster_nodes": "M57, superseded by yuzu_gw_cluster_peers_connected (size = it + 1)",
+    "yuzu_gw_cluster_nodes": "superseded by yuzu_gw_cluster_peers_connected (size = it + 1)",
 }
 
 
@@ -241,7 +244,7 @@ def _at_start(family: Family) -> str:
 
 
 def _seed_ref(name: str) -> str:
-    return SEED_FAMILIES.get(name, "ours")
+    return "yes" if name in SEED_FAMILIES else "ours"
 
 
 def render_catalogue(found: Iterable[Family]) -> str:
@@ -250,14 +253,14 @@ def render_catalogue(found: Iterable[Family]) -> str:
         f"{len(found)} families. *Series at start*: the series a node has as soon as its tree"
         " has started (none: the first event or sample creates them).",
         "",
-        "| Family | Type | Labels | Series at start | Seed | Help |",
+        "| Family | Type | Labels | Series at start | In the manual | Help |",
         "|---|---|---|---|---|---|",
     ]
     for f in found:
         labels = ", ".join(f"`{label}`" for label in f.labels) or "—"
         cells = (f"`{f.name}`", f.type, labels, _at_start(f), _seed_ref(f.name), f.help)
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines += ["", "Seed families exported under another name:", ""]
+    lines += ["", "Families the manual names, exported under another name:", ""]
     lines += [f"- `{old}`: `{new}` ({why})." for old, (new, why) in RENAMED.items()]
     lines += ["", "Not yet exported (the behaviour behind them does not exist yet):", ""]
     lines += [f"- `{n}` ({ref}): {what}." for n, (ref, what) in NOT_YET_EXPORTED.items()] or [

@@ -33,15 +33,14 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
-from actors.agents.api import OWNERS_TABLE
-from actors.agents.sup import AGENT_SUP_NAME
+from actors.agents.api import AGENT_SUP_NAME, OWNERS_TABLE
 from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
-from actors.memory.shedder import NAME as MEMORY_SHEDDER
+from actors.memory.api import SHEDDER_NAME as MEMORY_SHEDDER
 from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
-from actors.router.actor import ROUTER_NAME
-from actors.upstream.actor import NAME as UPSTREAM
+from actors.router.api import ROUTER_NAME
+from actors.upstream.api import REGULATOR_NAME as REGULATOR
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from actors.upstream.notify import FlushDone, FlushNotifications, RaiseNotifyCap
-from actors.upstream.regulator import NAME as REGULATOR
 from gateway.config.keys.listeners import GRPC_LISTENERS
 from gateway.listeners.listener_actor import Drain, Suspend, actor_name
 from gateway.listeners.protocol import DRAINING

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.agents.api import create_owner_table
-from actors.agents.sup import AGENT_SUP_NAME
+from actors.agents.api import AGENT_SUP_NAME, create_owner_table
 from actors.agents.watch import create_watch_table
 from actors.registry.api import ConnectionDown, registry_address
-from actors.router.actor import ROUTER_NAME
+from actors.router.api import ROUTER_NAME
 from actors.upstream.actor import readiness_checks
 from gateway.agent.service import MODULE as AGENT_SERVICE_MODULE
 from gateway.agent.service import agent_service
@@ -63,7 +62,7 @@ class GatewaySup(Supervisor):
         for check_name, check in readiness_checks(runtime).items():
             ctx.readiness.register(check_name, check)
         # Seed, "Readiness": the agent supervisor must be alive (a name read, no call).
-        ctx.readiness.register("agent_sup", lambda: runtime.whereis(AGENT_SUP_NAME) is not None)
+        ctx.readiness.register(AGENT_SUP_NAME, lambda: runtime.whereis(AGENT_SUP_NAME) is not None)
         ctx.readiness.register(ROUTER_NAME, lambda: runtime.whereis(ROUTER_NAME) is not None)
         # Built here, before any child starts: the listeners are validated (a bad route refuses
         # the boot before anything binds) and the admission summary state exists before the

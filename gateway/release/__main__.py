@@ -24,10 +24,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gateway import cli
+from gateway.config import default_paths, load
+from gateway.config.refusal import BootRefused, log_refusal
 from gateway.console.client import Refused, Unreachable, one_shot
 from gateway.console.paths import DEFAULT_RUN_DIR, RunFiles, alive, read_pid
+from gateway.node.logs import configure_logging
 from gateway.release import runfile
+from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan
 from gateway.release.runfile import ENDED, NodeRecord, ReleaseRecord
+from gateway.release.supervisor import EXIT_FAILED, Logs, ReleaseSupervisor
 
 EXIT_USAGE = 2
 WAIT_POLL_S = 0.2
@@ -59,13 +64,6 @@ def _tail(path: Path) -> str:
 
 
 def cmd_supervise(run_dir: Path, env: Mapping[str, str], count_text: str, logs: str) -> int:
-    # Imported here: the client commands below must not pay for the node's imports.
-    from gateway.config import default_paths, load  # noqa: PLC0415
-    from gateway.config.refusal import BootRefused, log_refusal  # noqa: PLC0415
-    from gateway.node.logs import configure_logging  # noqa: PLC0415
-    from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan  # noqa: PLC0415
-    from gateway.release.supervisor import EXIT_FAILED, Logs, ReleaseSupervisor  # noqa: PLC0415
-
     configure_logging(env)
     try:
         count = parse_count(count_text, cpu_count())
@@ -232,8 +230,6 @@ def cmd_node(run_dir: Path, index: int) -> int:
 
 
 def cmd_count(run_dir: Path, text: str | None) -> int:
-    from gateway.release.plan import cpu_count, parse_count  # noqa: PLC0415
-
     if text is None:
         record = runfile.running(run_dir)
         if record is None:

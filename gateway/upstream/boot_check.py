@@ -27,11 +27,12 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from actors.core import LogLine
+from actors.upstream.api import DEFAULT_CHANNEL
 from gateway.config.config import Config
 from gateway.config.keys.upstream import ALLOW_NO_UPSTREAM, UPSTREAM_CLIENT, UPSTREAM_TCP_NODELAY
 from gateway.config.refusal import BootRefused
+from gateway.config.upstream_client import DOCS_REF, ChannelSpec, ClientSpec
 from gateway.upstream import tls_files
-from gateway.upstream.client_config import DEFAULT_CHANNEL, DOCS_REF, ChannelSpec, ClientSpec
 
 __all__ = [
     "ALLOW_UNVERIFIED_ENV",

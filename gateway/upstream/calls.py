@@ -28,7 +28,8 @@ shielded, and its outcome still reaches the breaker (seed: "A call already in fl
 server is not cancelled").
 
 Refusals raise `UpstreamRefused` (the gRPC handler answers UNAVAILABLE); a failed call raises
-the channel's `UpstreamCallError`.
+the channel's `UpstreamCallError` (both in actors/upstream/api.py, whose `Calls` this implements
+for the `upstream` actor's replays).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
-from typing import Literal, Never, TypeVar
+from typing import Never, TypeVar
 
 import attrs
 from google.protobuf.message import Message
@@ -45,19 +46,23 @@ from google.protobuf.message import Message
 from actors.core.backoff import TOO_MANY_STREAMS
 from actors.core.breaker import Lane, ResultKind
 from actors.core.permits import Caller, PermitPolicy
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import BreakerView, Outcome, breaker_view
-from actors.upstream.api import Channel, UpstreamCallError
-from actors.upstream.regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, PermitGate, permit_gate
+from actors.upstream.api import (
+    DEFAULT_CHANNEL,
+    UPSTREAM_NAME,
+    Channel,
+    UpstreamCallError,
+    UpstreamRefused,
+    upstream_channel,
+)
+from actors.upstream.regulator import PermitGate, permit_gate
 from gateway.config import Config
 from gateway.config.keys.upstream import UPSTREAM_CALL_TIMEOUT_MS, UPSTREAM_RPC_TIMEOUT_MS
 from supervisors.runtime import LoopSystemBase
 
-__all__ = ["HANDLER_MARGIN_S", "RefusalReason", "UpstreamCalls", "UpstreamRefused"]
+__all__ = ["HANDLER_MARGIN_S", "UpstreamCalls"]
 
 M = TypeVar("M", bound=Message)
-
-RefusalReason = Literal["circuit_open", "queue_full", "deadline", "stopping", "unavailable"]
 
 # The stream handler's margin (seed: "the agent's grpc-timeout less the stream handler's
 # margin"): a queued request gives up while its agent still listens for the refusal.
@@ -73,18 +78,6 @@ _request_ids = itertools.count(1)
 # Calls left running after their caller was cancelled; kept here so they are not collected
 # before they end (each ends within upstream_rpc_timeout_ms).
 _detached: set[asyncio.Task[object]] = set()
-
-
-class UpstreamRefused(Exception):
-    """The gateway refused the call itself; the gRPC handler answers UNAVAILABLE.
-
-    `circuit_open`: the breaker is open. `queue_full` / `deadline`: no permit (the request was
-    not sent). `stopping`: a planned stop. `unavailable`: the upstream actors are not running
-    (a restart gap; the seed's upstream_unavailable)."""
-
-    def __init__(self, reason: RefusalReason) -> None:
-        super().__init__(reason)
-        self.reason: RefusalReason = reason
 
 
 @attrs.frozen
@@ -168,8 +161,7 @@ class UpstreamCalls:
         return view
 
     def _channel(self) -> Channel | None:
-        table = self.runtime.table(CHANNELS_TABLE)
-        return None if table is None else table.get(self.channel_name)
+        return upstream_channel(self.runtime, self.channel_name)
 
 
 async def _acquire(gate: PermitGate, request_id: int, caller: Caller, deadline: float) -> bool:
@@ -205,7 +197,7 @@ def _reporter(runtime: LoopSystemBase, view: BreakerView, lane: Lane, method: st
     """Tell the `upstream` actor how the call ended, in the breaker period it was admitted in."""
 
     def report(kind: ResultKind, status: int | None, detail: str) -> None:
-        upstream = runtime.whereis(UPSTREAM)
+        upstream = runtime.whereis(UPSTREAM_NAME)
         if upstream is not None:
             outcome = Outcome(view.incarnation, view.epoch, lane, method, kind, status, detail)
             runtime.tell(upstream, outcome)

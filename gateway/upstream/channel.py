@@ -34,7 +34,7 @@ from google.protobuf.message import Message
 
 from actors.core.breaker import ResultKind
 from actors.upstream.api import UpstreamCallError
-from gateway.upstream.client_config import ChannelSpec
+from gateway.config.upstream_client import ChannelSpec
 from gateway.upstream.connection import (
     CHANNEL_LOGGER,
     ConnectionSlot,

@@ -1,13 +1,14 @@
-"""`UpstreamChannelActor`: owns the upstream channels of a node and publishes them.
+"""`UpstreamChannelActor` (registered `upstream_channel`): owns the upstream channels of a node
+and publishes them.
 
 How other code gets a channel (no message round trip, calls never pass through this actor):
 
-    from gateway.upstream.channel_actor import upstream_channel
+    from actors.upstream.api import PROXY_REGISTER, upstream_channel
     channel = upstream_channel(runtime)                   # default_channel, or None
-    reply = await channel.unary(methods.PROXY_REGISTER, request, RegisterResponse, timeout=5.0)
+    reply = await channel.unary(PROXY_REGISTER, request, RegisterResponse, timeout=5.0)
 
-or read the protected table `upstream_channels` (`runtime.table("upstream_channels")`), keyed by
-channel name (`"default_channel"`), whose values implement `actors.upstream.api.Channel`.
+or read the protected table `CHANNELS_TABLE` (`upstream_channels`, actors/upstream/api.py),
+keyed by channel name (`DEFAULT_CHANNEL`), whose values implement `actors.upstream.api.Channel`.
 
 Lifecycle: `init` builds every configured channel and starts its dials (it does not wait for
 them: a server that is down must not stop the node from starting), then publishes it. The table
@@ -34,37 +35,23 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from actors.node.api import Readiness
-from actors.upstream.api import Channel
+from actors.upstream.api import CHANNELS_TABLE, DEFAULT_CHANNEL, Channel
 from gateway.config.context import NodeContext
 from gateway.config.keys.upstream import UPSTREAM_CLIENT, UPSTREAM_TCP_NODELAY
 from gateway.upstream.channel import UpstreamChannel
-from gateway.upstream.client_config import DEFAULT_CHANNEL
 from supervisors.process import Process
 from supervisors.reason import ExitReason
 from supervisors.runtime import LoopSystemBase
 
-__all__ = [
-    "READINESS_CHECK",
-    "TABLE",
-    "UpstreamChannelActor",
-    "tls_files_usable",
-    "upstream_channel",
-    "upstream_channels",
-]
+__all__ = ["READINESS_CHECK", "UpstreamChannelActor", "tls_files_usable", "upstream_channels"]
 
-TABLE: Final = "upstream_channels"
 READINESS_CHECK: Final = "upstream_tls_files"
 
 
 def upstream_channels(runtime: LoopSystemBase) -> Mapping[str, Channel]:
     """Every published channel by name; empty while the actor is not running."""
-    table = runtime.table(TABLE)
+    table = runtime.table(CHANNELS_TABLE)
     return dict(table.items()) if table is not None else {}
-
-
-def upstream_channel(runtime: LoopSystemBase, name: str = DEFAULT_CHANNEL) -> Channel | None:
-    table = runtime.table(TABLE)
-    return None if table is None else table.get(name)
 
 
 def tls_files_usable(runtime: LoopSystemBase) -> bool:
@@ -134,7 +121,7 @@ class UpstreamChannelActor(Process):
         nodelay = ctx.config[UPSTREAM_TCP_NODELAY]
         metrics = _metrics(ctx.registry, self.runtime)
         _register_readiness(ctx.readiness, self.runtime)
-        self.table = self.new_table(TABLE, "protected")
+        self.table = self.new_table(CHANNELS_TABLE, "protected")
         self.channels: list[UpstreamChannel] = []
         for channel_spec in spec.channels if spec is not None else ():
             channel = UpstreamChannel(

@@ -40,8 +40,8 @@ from grpclib.const import Cardinality
 
 from actors.core.breaker import ResultKind
 from actors.upstream.api import UpstreamCallError
+from gateway.config.upstream_client import EndpointSpec
 from gateway.upstream import tls_files
-from gateway.upstream.client_config import EndpointSpec
 from gateway.upstream.failures import call_error, dial_error
 from gateway.upstream.grpclib_glue import Codec, SettingsProtocol, SlotChannel
 from gateway.upstream.ratelimit import Every

@@ -34,8 +34,8 @@ from h2.config import H2Configuration
 from h2.events import RemoteSettingsChanged
 from h2.settings import SettingCodes
 
+from gateway.config.upstream_client import EndpointSpec
 from gateway.listeners.h2_closed_streams import bound_closed_streams
-from gateway.upstream.client_config import EndpointSpec
 from gateway.upstream.coalesce import CoalescingTransport
 from gateway.upstream.failures import ResponseTooLargeError
 

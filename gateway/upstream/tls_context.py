@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ssl
 
-from gateway.upstream.endpoint_options import TlsOptions
+from gateway.config.endpoint_options import TlsOptions
 
 __all__ = ["build_context", "server_hostname"]
 

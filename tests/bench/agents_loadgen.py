@@ -1,4 +1,4 @@
-"""One load-generator process of `tests.bench.agents` (docs/benchmarks.md).
+"""One load-generator process of `tests.bench.agents` (docs/dev/benchmarks.md).
 
     python -m tests.bench.agents_loadgen --target 127.0.0.1:PORT --count K --first I
 

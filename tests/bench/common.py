@@ -1,4 +1,4 @@
-"""Shared plumbing for the benchmarks under `tests/bench/` (see docs/benchmarks.md).
+"""Shared plumbing for the benchmarks under `tests/bench/` (see docs/dev/benchmarks.md).
 
 Every benchmark is a module run as `python -m tests.bench.<name>`. It measures, then:
 - prints a table of metric, value, target and pass/fail;

@@ -1,4 +1,4 @@
-"""One load-generator process of `tests.bench.heartbeats` (docs/benchmarks.md).
+"""One load-generator process of `tests.bench.heartbeats` (docs/dev/benchmarks.md).
 
     python -m tests.bench.heartbeats_loadgen --target 127.0.0.1:PORT --count K --first I
         [--tags 30] [--no-join]

@@ -54,14 +54,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.agents.api import OWNERS_TABLE, OwnerRow, StreamHandle
-from actors.agents.sup import AGENT_SUP_NAME
+from actors.agents.api import AGENT_SUP_NAME, OWNERS_TABLE, OwnerRow, StreamHandle
 from actors.core.notify_store import MAX_INFLIGHT
-from actors.router.actor import ROUTER_NAME
-from actors.router.api import RouteCommand
-from actors.upstream.api import NOTIFY_STREAM_STATUS, PROXY_REGISTER, SESSION_ID_METADATA
+from actors.router.api import ROUTER_NAME, RouteCommand
+from actors.upstream.api import (
+    NOTIFY_STREAM_STATUS,
+    PROXY_REGISTER,
+    SESSION_ID_METADATA,
+    upstream_channel,
+)
 from gateway.node.node import Node
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD

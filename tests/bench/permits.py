@@ -34,13 +34,20 @@ import grpc.aio
 from thespian.actors import ActorSystem
 
 from actors.core.permits import Caller, Pool
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Upstream
-from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
-from actors.upstream.regulator import NAME as REGULATOR
+from actors.upstream.api import (
+    CHANNEL_ACTOR_NAME,
+    PROXY_REGISTER,
+    UpstreamCallError,
+    UpstreamRefused,
+    upstream_channel,
+)
+from actors.upstream.api import REGULATOR_NAME as REGULATOR
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from actors.upstream.regulator import Regulator
-from gateway.upstream.calls import UpstreamCalls, UpstreamRefused
-from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
+from gateway.node.children.upstream import regulator_args, upstream_args
+from gateway.upstream.calls import UpstreamCalls
+from gateway.upstream.channel_actor import UpstreamChannelActor
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.gc_policy import NODE_GC_THRESHOLD
 from supervisors.runtime import LoopSystemBase
@@ -244,9 +251,9 @@ async def run_benchmark(
             f" {{upstream_register_concurrency, {permits}}}]"
         )
         try:
-            system.createActor(UpstreamChannelActor, ctx, "upstream_channel")
-            system.createActor(Upstream, ctx, UPSTREAM)
-            regulator_address = system.createActor(Regulator, ctx, REGULATOR)
+            system.createActor(UpstreamChannelActor, ctx, CHANNEL_ACTOR_NAME)
+            system.createActor(Upstream, upstream_args(ctx), UPSTREAM)
+            regulator_address = system.createActor(Regulator, regulator_args(ctx), REGULATOR)
             channel = upstream_channel(runtime)
             assert channel is not None
             deadline = loop.time() + CONNECT_TIMEOUT_S

@@ -51,8 +51,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from pathlib import Path
 from typing import Any
 
-from actors.agents.api import OWNERS_TABLE, OwnerArgs, OwnerRow, StreamHandle
-from actors.agents.sup import AGENT_SUP_NAME
+from actors.agents.api import AGENT_SUP_NAME, OWNERS_TABLE, OwnerArgs, OwnerRow, StreamHandle
 from actors.core.notify_store import MAX_INFLIGHT
 from actors.core.verdicts import HeartbeatVerdict
 from actors.registry.api import (
@@ -65,20 +64,20 @@ from actors.registry.api import (
     Taken,
     TakePending,
 )
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.api import (
     NOTIFY_STREAM_STATUS,
     PROXY_REGISTER,
     SESSION_ID_METADATA,
     Channel,
     UpstreamCallError,
+    upstream_channel,
 )
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from actors.upstream.notify import WIRE_CAPABILITIES
 from gateway.config.keys.cluster import CLUSTER_ID
 from gateway.config.keys.upstream import UPSTREAM_RPC_TIMEOUT_MS
 from gateway.node.boot import prepare
 from gateway.node.node import Node
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.api import start_child

@@ -286,7 +286,7 @@ BENCHES: tuple[Bench, ...] = (
                 target="<= 1.5",
                 met="cross_node_rtt_ratio",
             ),
-            # The control (docs/benchmarks.md, "The control"): 2 / 1 = host x cluster.
+            # The control (docs/dev/benchmarks.md, "The control"): 2 / 1 = host x cluster.
             Figure(
                 "CPU per heartbeat, 2 unclustered / 1 (the host)", "cpu_per_heartbeat_ratio_2u_vs_1"
             ),

@@ -10,7 +10,7 @@ Memory is measured on a separate system holding N idle children: the growth of
 tracemalloc's traced bytes over N (precise, Python heap only) and, on another fresh system
 without tracemalloc, the growth of the process RSS over N (what the OS sees; coarser).
 
-See docs/benchmarks.md for how to read the result.
+See docs/dev/benchmarks.md for how to read the result.
 """
 
 from __future__ import annotations

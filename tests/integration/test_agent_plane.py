@@ -23,10 +23,11 @@ import grpc.aio
 import pytest
 
 from actors.agents.api import DeliverCommand, owner_row
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.registry.api import GetCounts, RegistryCounts, pending_of
+from actors.upstream.api import upstream_channel
 from gateway.devstack.fake_upstream import FakeUpstream, Presented
 from gateway.node.node import Node
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.api import SupervisorError, terminate_child
 from tests.support.node import TEST_CONFIG, http_get, running_node
@@ -483,7 +484,7 @@ def test_heartbeat_admission_binds_the_session_to_its_connection(
             for reason in ("no_connection", "registry_unavailable"):
                 assert after.value("yuzu_gw_heartbeat_rejected_total", reason=reason) == 0
             assert node.runtime is not None
-            if node.runtime.whereis("heartbeat_buffer") is not None:
+            if node.runtime.whereis(HEARTBEAT_BUFFER) is not None:
                 # The admitted heartbeat reaches the server in a batch; the refused ones never.
                 [batch] = await fake.wait_for_calls("BatchHeartbeat", timeout=5.0)
                 assert [h.session_id for h in batch.request.heartbeats] == [session]

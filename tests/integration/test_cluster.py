@@ -20,11 +20,11 @@ from grpclib.exceptions import GRPCError
 
 from actors.cluster.api import CLUSTER_NAME, connected_links
 from actors.registry.api import held_agent_ids
-from gateway.cluster.seeds import PeerAddr
+from actors.upstream.api import upstream_channel
 from gateway.cluster.transport import PeerLink
+from gateway.config.cluster_seeds import PeerAddr
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node.node import Node
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 from supervisors.api import terminate_child

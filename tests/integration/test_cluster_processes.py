@@ -29,7 +29,7 @@ import attrs
 import grpc
 import pytest
 
-from gateway.cluster.advertise import ADVERTISE_VAR, Step
+from gateway.config.advertise import ADVERTISE_VAR, Step
 from gateway.devstack.fake_upstream import FakeUpstream
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt

@@ -35,8 +35,8 @@ from gateway.cluster.commands import (
     CommandLink,
     Frame,
 )
-from gateway.cluster.seeds import PeerAddr
 from gateway.cluster.transport import SERVICE, ClusterServer, ClusterService, PeerLink
+from gateway.config.cluster_seeds import PeerAddr
 from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2

@@ -32,8 +32,8 @@ from google.protobuf.message import Message
 from actors.agents.api import owner_row
 from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.registry.api import REGISTRY_NAME
-from actors.router.actor import ROUTER_NAME
-from actors.upstream.actor import NAME as UPSTREAM
+from actors.router.api import ROUTER_NAME
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY
 from gateway.node.node import Node
 from protos.yuzu.agent.v1 import agent_pb2

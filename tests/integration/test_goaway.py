@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame
 from prometheus_client import CollectorRegistry
 
+from gateway.config.listener_spec import parse_listeners
 from gateway.config.terms import parse_term
 from gateway.listeners.listener_actor import Drain, Drained, ListenerActor, ListenerArgs
 from gateway.listeners.metrics import ListenerMetrics
@@ -31,7 +32,6 @@ from gateway.listeners.retry_hint import (
     RefusalKind,
     send_refusal,
 )
-from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import resolve_routes
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration.test_listener import (

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.keys import listeners as listener_keys
+from gateway.config.listener_spec import parse_listeners
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
@@ -50,7 +51,6 @@ from gateway.listeners.listener_actor import (
 )
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.proxy_header import Command, Family, ProxyHeader, encode_v2
-from gateway.listeners.spec import parse_listeners
 from gateway.listeners.tree import ListenerBoard, listener_child_specs, resolve_routes
 from protos.yuzu.agent.v1 import agent_grpc, agent_pb2
 from supervisors.errors import InitFailed

@@ -21,10 +21,10 @@ import grpc.aio
 import pytest
 
 from actors.registry.api import agent_session
-from actors.router.actor import ROUTER_NAME
+from actors.router.api import ROUTER_NAME
+from actors.upstream.api import upstream_channel
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.node.node import Node
-from gateway.upstream.channel_actor import upstream_channel
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 from supervisors.api import restart_child, terminate_child

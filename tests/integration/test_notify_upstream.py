@@ -18,9 +18,9 @@ from actors.core.breaker import State
 from actors.core.notify_store import Event
 from actors.registry.api import OWNERS_TABLE
 from actors.upstream.actor import breaker_view
-from actors.upstream.api import ForwardGuardian, Notify
+from actors.upstream.api import CHANNEL_ACTOR_NAME, ForwardGuardian, Notify, upstream_channel
 from gateway.devstack.fake_upstream import Call, FakeUpstream
-from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
+from gateway.upstream.channel_actor import UpstreamChannelActor
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness, actor_test
@@ -44,7 +44,7 @@ async def start(h: Harness, fake: FakeUpstream, extra: str = "") -> UpstreamActo
         " {circuit_breaker_reset_timeout_ms, 200}, {circuit_breaker_max_reset_timeout_ms, 800}"
         f"{extra}]"
     )
-    h.create(UpstreamChannelActor, ctx, "upstream_channel")
+    h.create(UpstreamChannelActor, ctx, CHANNEL_ACTOR_NAME)
     actors = start_upstream_actors(h.create, ctx)
     channel = upstream_channel(h.base)
     assert channel is not None

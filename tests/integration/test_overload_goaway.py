@@ -19,6 +19,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame
 
 from actors.core.overload_goaway import GRACE_S, TICK_S
+from actors.upstream.api import CHANNEL_ACTOR_NAME
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.listener_actor import actor_name
 from gateway.listeners.metrics import GOAWAY_REASONS
@@ -144,7 +145,7 @@ async def node_with(tmp_path: Path, overload: str) -> AsyncIterator[tuple[Node, 
         async with running_node(tmp_path, YUZU_GW_CONFIG=str(config)) as node:
             runtime = node.runtime
             assert runtime is not None
-            await until(lambda: runtime.whereis("upstream_channel") is not None, "the channel")
+            await until(lambda: runtime.whereis(CHANNEL_ACTOR_NAME) is not None, "the channel")
             yield node, fake
 
 

@@ -18,10 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from actors.agents.api import owner_row
-from actors.agents.sup import AGENT_SUP_NAME
-from actors.router.actor import ROUTER_NAME
-from actors.router.api import RouteCommand
+from actors.agents.api import AGENT_SUP_NAME, owner_row
+from actors.router.api import ROUTER_NAME, RouteCommand
+from actors.upstream.api import UPSTREAM_NAME
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.retry_hint import PUSHBACK_HEADER
 from gateway.node.node import Node
@@ -191,7 +190,7 @@ def test_a_presentation_the_server_fails_feeds_the_breaker_and_ends_the_stream(
                     {"code": "unavailable", "rpc_name": "register"},
                 )
                 assert errors == 1
-                upstream = runtime.ref(runtime.whereis("upstream"))  # type: ignore[arg-type]
+                upstream = runtime.ref(runtime.whereis(UPSTREAM_NAME))  # type: ignore[arg-type]
                 assert upstream is not None and upstream.instance.breaker.failures == 1
 
     run(body)

@@ -22,6 +22,7 @@ import pytest
 
 from actors.agents.api import owner_row
 from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
+from actors.upstream.api import CHANNEL_ACTOR_NAME, REGULATOR_NAME, UPSTREAM_NAME
 from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.retry_hint import PUSHBACK_HEADER, STOPPING_HINT_MS
@@ -58,7 +59,7 @@ async def gateway(
         try:
             runtime = node.runtime
             assert runtime is not None
-            await until(lambda: runtime.whereis("upstream_channel") is not None, "the channel")
+            await until(lambda: runtime.whereis(CHANNEL_ACTOR_NAME) is not None, "the channel")
             yield node, fake
         finally:
             if node.runtime is not None and node.runtime.whereis("gateway_sup") is not None:
@@ -188,7 +189,7 @@ def test_an_owner_restarted_during_the_stop_sends_its_disconnected_and_ends(
                 runtime = node.runtime
                 assert runtime is not None
                 # Step 1 of the stop, as PlannedStop.run tells it.
-                for name in ("upstream_regulator", "upstream"):
+                for name in (REGULATOR_NAME, UPSTREAM_NAME):
                     runtime.tell(runtime.whereis(name), StopAdmitting())
                 row = owner_row(runtime, held.session_id)
                 assert row is not None

@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from actors.router.actor import ROUTER_NAME
+from actors.router.api import ROUTER_NAME
 from gateway.listeners.retry_hint import (
     BREAKER_HINT_MS,
     CAPACITY_HINT_MS,

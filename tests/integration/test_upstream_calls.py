@@ -18,11 +18,18 @@ import pytest
 from actors.core.breaker import ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream.actor import breaker_view
-from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
+from actors.upstream.api import (
+    CHANNEL_ACTOR_NAME,
+    PROXY_REGISTER,
+    REGULATOR_NAME,
+    UPSTREAM_NAME,
+    UpstreamCallError,
+    UpstreamRefused,
+    upstream_channel,
+)
 from actors.upstream.regulator import GetPermits, PermitSnapshot
 from gateway.devstack.fake_upstream import FakeUpstream
-from gateway.upstream.calls import UpstreamRefused
-from gateway.upstream.channel_actor import UpstreamChannelActor, upstream_channel
+from gateway.upstream.channel_actor import UpstreamChannelActor
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import UpstreamActors, start_upstream_actors, upstream_context
@@ -49,7 +56,7 @@ async def start(h: Harness, fake: FakeUpstream, extra: str = "") -> UpstreamActo
         " {circuit_breaker_reset_timeout_ms, 200}, {circuit_breaker_max_reset_timeout_ms, 800}"
         f"{extra}]"
     )
-    h.create(UpstreamChannelActor, ctx, "upstream_channel")
+    h.create(UpstreamChannelActor, ctx, CHANNEL_ACTOR_NAME)
     actors = start_upstream_actors(h.create, ctx)
     channel = upstream_channel(h.base)
     assert channel is not None
@@ -211,8 +218,8 @@ def test_a_node_runs_both_actors_with_their_checks_and_metrics(tmp_path: Path) -
     async def main() -> None:
         async with running_node(tmp_path) as node:
             assert node.runtime is not None
-            assert node.runtime.whereis("upstream") is not None
-            assert node.runtime.whereis("upstream_regulator") is not None
+            assert node.runtime.whereis(UPSTREAM_NAME) is not None
+            assert node.runtime.whereis(REGULATOR_NAME) is not None
             _, body = await http_get(node.ctx.bound["health"][1], "/readyz")
             checks = json.loads(body)["checks"]
             assert checks["upstream"] is True and checks["circuit_breaker"] is True

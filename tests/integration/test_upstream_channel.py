@@ -18,23 +18,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from actors.core.breaker import ResultKind
-from actors.upstream import methods
-from actors.upstream.api import UpstreamCallError
+from actors.upstream import api as methods
+from actors.upstream.api import CHANNEL_ACTOR_NAME, UpstreamCallError, upstream_channel
+from actors.upstream.api import CHANNELS_TABLE as TABLE
 from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
+from gateway.config.upstream_client import ChannelSpec, parse_client_config
 from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.listeners.h2_closed_streams import CLOSED_STREAMS_KEPT
 from gateway.upstream.channel import UpstreamChannel
-from gateway.upstream.channel_actor import (
-    READINESS_CHECK,
-    TABLE,
-    UpstreamChannelActor,
-    upstream_channel,
-)
-from gateway.upstream.client_config import ChannelSpec, parse_client_config
+from gateway.upstream.channel_actor import READINESS_CHECK, UpstreamChannelActor
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness
@@ -610,7 +606,7 @@ def test_the_actor_publishes_the_channel_the_readiness_check_and_the_metrics(
                     f'#{{channels => [{{default_channel, [{{http, "127.0.0.1", {fake.port},'
                     " []}], #{}}]}",
                 )
-                actor = h.create(UpstreamChannelActor, ctx, name="upstream_channel")
+                actor = h.create(UpstreamChannelActor, ctx, name=CHANNEL_ACTOR_NAME)
                 table = h.base.table(TABLE)
                 assert table is not None and list(table) == ["default_channel"]
                 channel = upstream_channel(h.base)
@@ -640,7 +636,7 @@ def test_the_actor_publishes_the_channel_the_readiness_check_and_the_metrics(
                 await h.base.stop(actor, 2.0)
                 assert h.base.table(TABLE) is None and upstream_channel(h.base) is None
                 assert channel.live_connections() == 0  # closed by terminate
-                h.create(UpstreamChannelActor, ctx, name="upstream_channel")
+                h.create(UpstreamChannelActor, ctx, name=CHANNEL_ACTOR_NAME)
                 assert upstream_channel(h.base) is not channel
                 assert (
                     ctx.registry.get_sample_value("yuzu_gw_upstream_tls_handshake_failures_total")
@@ -665,7 +661,7 @@ def test_the_actor_reports_unusable_tls_files_to_readiness(tmp_path: Path) -> No
                     f' [{{verify, verify_peer}}, {{cacertfile, "{tmp_path / "no-ca.pem"}"}}]}}],'
                     " #{}}]}",
                 )
-                h.create(UpstreamChannelActor, ctx, name="upstream_channel")
+                h.create(UpstreamChannelActor, ctx, name=CHANNEL_ACTOR_NAME)
                 await until(
                     lambda: ctx.readiness.evaluate()[READINESS_CHECK] is False, what="not ready"
                 )

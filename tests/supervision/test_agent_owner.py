@@ -20,6 +20,7 @@ import attrs
 from grpclib.const import Status
 
 from actors.agents.api import (
+    AGENT_SUP_NAME,
     OWNERS_TABLE,
     AgentFrame,
     CommandAnswer,
@@ -35,7 +36,7 @@ from actors.agents.api import (
     owner_row,
 )
 from actors.agents.owner import AgentOwner
-from actors.agents.sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs, agent_sup_child_spec
+from actors.agents.sup import AgentSup
 from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
     REFUSED_DETAILS,
@@ -56,6 +57,7 @@ from actors.registry.api import (
     session_of,
 )
 from actors.upstream.api import (
+    UPSTREAM_NAME,
     DisconnectSettled,
     ForwardGuardian,
     Notify,
@@ -63,6 +65,7 @@ from actors.upstream.api import (
     SessionPresented,
     SettleDisconnected,
 )
+from gateway.node.children.agents import agent_sup_args, agent_sup_child_spec
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
 from supervisors.api import count_children, start_child, terminate_child
@@ -152,11 +155,13 @@ def tree(h: Harness, sup_args: Any = None) -> Tree:
         SupFlags("one_for_one", 10, 60.0),
         (
             ChildSpec(REGISTRY_NAME, Registry, RegistryArgs(), name=REGISTRY_NAME),
-            ChildSpec("upstream", Child, Args(id="upstream", inbox=inbox), name="upstream"),
+            ChildSpec(
+                UPSTREAM_NAME, Child, Args(id=UPSTREAM_NAME, inbox=inbox), name=UPSTREAM_NAME
+            ),
             ChildSpec(
                 AGENT_SUP_NAME,
                 AgentSup,
-                sup_args if sup_args is not None else AgentSupArgs(),
+                sup_args if sup_args is not None else agent_sup_args(context()),
                 type="supervisor",
                 name=AGENT_SUP_NAME,
             ),
@@ -422,8 +427,8 @@ async def test_a_killed_owners_restart_that_cannot_present_the_session_ends_it(h
 @actor_test
 async def test_intensity_comes_from_the_config_and_escalates(h: Harness):
     ctx = context("{agent_restart_intensity, 2}, {agent_restart_period_s, 30}")
-    assert agent_sup_child_spec(ctx).args is ctx
-    t = tree(h, ctx)
+    assert agent_sup_child_spec(ctx).args == agent_sup_args(ctx)
+    t = tree(h, agent_sup_args(ctx))
     first_sup = t.agent_sup
     assert h.instance(first_sup).flags == SupFlags("simple_one_for_one", 2, 30.0)
     owners = [(await t.owner(f"s{n}", f"c{n}"))[0] for n in range(4)]
@@ -449,7 +454,7 @@ async def test_intensity_comes_from_the_config_and_escalates(h: Harness):
 
 @actor_test
 async def test_default_intensity_is_the_seeds(h: Harness):
-    sup = h.create(AgentSup, context())
+    sup = h.create(AgentSup, agent_sup_args(context()))
     assert h.instance(sup).flags == SupFlags("simple_one_for_one", 2000, 10.0)
     assert h.instance(sup).template.restart == "transient"
     assert h.instance(sup).template.start is AgentOwner

@@ -14,7 +14,9 @@ from thespian.actors import ActorExitRequest
 from actors.core.heartbeat_buffer import HeartbeatBuffer, HeartbeatPolicy
 from actors.heartbeat.api import NAME, BufferHeartbeat
 from actors.heartbeat.buffer import HeartbeatBufferActor
+from actors.upstream.api import CHANNEL_ACTOR_NAME
 from gateway.config.context import NodeContext
+from gateway.node.children.heartbeat import heartbeat_buffer_args
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.address import Address
@@ -36,8 +38,8 @@ def start(
 ) -> tuple[NodeContext, FakeChannel, Address]:
     channel = channel or FakeChannel()
     ctx = upstream_context(f"[{{heartbeat_batch_interval_ms, {interval_ms}}}]")
-    h.create(FakeChannelOwner, channel, "upstream_channel")
-    return ctx, channel, h.create(HeartbeatBufferActor, ctx, NAME)
+    h.create(FakeChannelOwner, channel, CHANNEL_ACTOR_NAME)
+    return ctx, channel, h.create(HeartbeatBufferActor, heartbeat_buffer_args(ctx), NAME)
 
 
 def beat(n: int, tag: str = "v") -> BufferHeartbeat:
@@ -96,7 +98,7 @@ async def test_no_channel_and_a_raising_channel_are_transient_and_the_actor_surv
     h: Harness,
 ) -> None:
     ctx = upstream_context("[{heartbeat_batch_interval_ms, 100}]")
-    actor = h.create(HeartbeatBufferActor, ctx, NAME)
+    actor = h.create(HeartbeatBufferActor, heartbeat_buffer_args(ctx), NAME)
     h.tell(actor, beat(1))
     await asyncio.sleep(0.25)  # two flushes without a channel: the heartbeat stays
     assert h.instance(actor).buffer.sessions == 1 and h.alive(actor)
@@ -110,7 +112,7 @@ async def test_no_channel_and_a_raising_channel_are_transient_and_the_actor_surv
         return gateway_pb2.BatchHeartbeatResponse()
 
     channel.set_rule(BATCH, boom)
-    h.create(FakeChannelOwner, channel, "upstream_channel")
+    h.create(FakeChannelOwner, channel, CHANNEL_ACTOR_NAME)
     await h.wait_until(lambda: h.instance(actor).buffer.delivered_total == 1, what="delivery")
     assert raised and h.alive(actor)
     assert len(channel.calls(BATCH)) == 2

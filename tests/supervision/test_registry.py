@@ -18,7 +18,7 @@ import pytest
 from actors.core.pending import PendingPolicy
 from actors.core.reservations import SlotPolicy
 from actors.node.api import Readiness
-from actors.registry.actor import Registry, RegistryArgs, registry_child_spec
+from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
     AGENTS_TABLE,
     CONNECTIONS_TABLE,
@@ -55,6 +55,7 @@ from actors.registry.api import (
     session_of,
 )
 from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
+from gateway.node.children.registry import registry_child_spec
 from supervisors.errors import TableGone
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 from tests.support.actors import Child, Crash, Exit, Harness, actor_test

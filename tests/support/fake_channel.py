@@ -22,16 +22,22 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from actors.core.breaker import ResultKind
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import Upstream
-from actors.upstream.api import UpstreamCallError
-from actors.upstream.regulator import CHANNELS_TABLE, DEFAULT_CHANNEL, Regulator
-from actors.upstream.regulator import NAME as REGULATOR
+from actors.upstream.api import (
+    CHANNEL_ACTOR_NAME,
+    CHANNELS_TABLE,
+    DEFAULT_CHANNEL,
+    REGULATOR_NAME,
+    UPSTREAM_NAME,
+    UpstreamCallError,
+)
+from actors.upstream.regulator import Regulator
 from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import Atom, parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
+from gateway.node.children.upstream import regulator_args, upstream_args
 from gateway.upstream.calls import UpstreamCalls
 from supervisors.address import Address
 from supervisors.process import Process
@@ -224,11 +230,11 @@ def start_upstream_actors(
     channel: FakeChannel | None = None,
 ) -> UpstreamActors:
     """Start (in tree order) the channel owner when a channel is given, `upstream` and
-    `upstream_regulator`, under their registered names. `create(cls, args, name)` is the
-    harness's `create`."""
+    `upstream_regulator`, under their registered names, with the Args the node builds from
+    `ctx`. `create(cls, args, name)` is the harness's `create`."""
     owner = None
     if channel is not None:
-        owner = create(FakeChannelOwner, channel, "upstream_channel")
-    upstream = create(Upstream, ctx, UPSTREAM)
-    regulator = create(Regulator, ctx, REGULATOR)
+        owner = create(FakeChannelOwner, channel, CHANNEL_ACTOR_NAME)
+    upstream = create(Upstream, upstream_args(ctx), UPSTREAM_NAME)
+    regulator = create(Regulator, regulator_args(ctx), REGULATOR_NAME)
     return UpstreamActors(ctx, channel, owner, upstream, regulator)

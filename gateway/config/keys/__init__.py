@@ -22,7 +22,7 @@ from gateway.config.keys import (
     shedder,
     upstream,
 )
-from gateway.config.schema import DeadKeys, Schema
+from gateway.config.section import DeadKeys, Schema
 
 SECTION = "yuzu_gw"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, parse_seed
+from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, parse_seed
 from gateway.config.converters import BadValue, HostList, HostName, IntRange, Utf8Text, text_of
 from gateway.config.env import env_comma_list, env_integer, env_utf8_text
 from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse

@@ -1,6 +1,6 @@
 """Keys of the gRPC listeners: the `grpc_listeners` list and the lab-rig acknowledgement.
 
-The list's own validation is `gateway.listeners.spec`; the rules that need another key or the
+The list's own validation is `gateway.config.listener_spec`; the rules that need another key or the
 environment are the schema checks in `CHECKS` (the port variables, then the refusal of a
 gateway with no listener routing the AgentService)."""
 
@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway.config.converters import LiteralTrue
-from gateway.config.schema import Check, Key, Refuse
+from gateway.config.listener_overrides import apply_port_overrides, require_agent_listener
+from gateway.config.listener_spec import ListenerSpec, parse_listeners
+from gateway.config.schema import Key, Refuse
+from gateway.config.section import Check
 from gateway.config.terms import Term
-from gateway.listeners.overrides import apply_port_overrides, require_agent_listener
-from gateway.listeners.spec import ListenerSpec, parse_listeners
 
 if TYPE_CHECKING:
     from gateway.config.config import Config

@@ -1,11 +1,11 @@
 """Keys of management peer authorisation (seed: "Authorizing the server by its identity",
 "Certificate rotation and expiry"; SPEC_INDEX C70-C74). No `YUZU_GW_*` variable maps to any.
 
-The converters (gateway/mgmt/auth/settings.py) refuse an unreadable value with the seed's
-`{bad_mgmt_peer_*,V}` term; the whole-config rules are the boot check in `CHECKS`
-(gateway/mgmt/auth/boot.py). After that check, `config[MGMT_PEER_IDENTITY]` is the identity the
-management streams are matched against: the stated one, or the one derived from the management
-listener's cacertfile, or None when it is unresolved or not used (mode pin)."""
+The converters (gateway/config/mgmt_auth_settings.py) refuse an unreadable value with the
+seed's `{bad_mgmt_peer_*,V}` term; the whole-config rules are the boot check in `CHECKS`
+(gateway/config/mgmt_auth_boot.py). After that check, `config[MGMT_PEER_IDENTITY]` is the
+identity the management streams are matched against: the stated one, or the one derived from
+the management listener's cacertfile, or None when it is unresolved or not used (mode pin)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config.converters import IntRange
 from gateway.config.keys import listeners as listener_keys
-from gateway.config.schema import Check, Key, Refuse
-from gateway.config.terms import Atom
-from gateway.mgmt.auth.boot import check_at_boot
-from gateway.mgmt.auth.reasons import Mode
-from gateway.mgmt.auth.settings import (
+from gateway.config.mgmt_auth_boot import check_at_boot
+from gateway.config.mgmt_auth_settings import (
     BAD_DENIED,
     BAD_IDENTITY,
     BAD_MODE,
@@ -27,10 +24,14 @@ from gateway.mgmt.auth.settings import (
     DeniedSerial,
     DeniedSetting,
     IdentitySetting,
+    Mode,
     ModeSetting,
     Pin,
     PinsSetting,
 )
+from gateway.config.schema import Key, Refuse
+from gateway.config.section import Check
+from gateway.config.terms import Atom
 
 if TYPE_CHECKING:
     from gateway.config.config import Config
@@ -108,7 +109,7 @@ MGMT_PEER_DENIED: Key[tuple[DeniedSerial, ...]] = Key(
 
 
 def check_peer_authorization(config: Config, env: Mapping[str, str]) -> Config:
-    """The boot check (gateway/mgmt/auth/boot.py): refuses, logs, and leaves the resolved
+    """The boot check (gateway/config/mgmt_auth_boot.py): refuses, logs, and leaves the resolved
     identity in `MGMT_PEER_IDENTITY`."""
     outcome = check_at_boot(
         config[MGMT_PEER_AUTH_MODE],

@@ -60,8 +60,9 @@ NOTIFY_PROBE_TIMEOUT_MS = _tuning(
 )
 # The cap on held stream-status notification keys. Its default depends on the agent listeners
 # (3 per connection they admit, at least 15,000), so the key holds `undefined` until set and the
-# upstream actor resolves it (actors/upstream/notify.py `notify_pending_max`). The upper bound
-# only refuses the absurd: at about 0.9 KB a key, 10 million keys is 9 GB.
+# tree resolves it for the upstream actor (gateway/node/children/upstream.py,
+# `notify_pending_max`). The upper bound only refuses the absurd: at about 0.9 KB a key, 10
+# million keys is 9 GB.
 NOTIFY_PENDING_MAX: Key[int | None] = Key(
     name="notify_pending_max",
     default=Atom("undefined"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,11 +29,14 @@ from actors.core.shedder_marks import (
     MarksRefused,
     resolve_marks,
 )
+from actors.effects import log_line
+from actors.memory.api import RECLAIM_LOGGER, SHEDDER_LOGGER
 from gateway.config.converters import BadValue, Boolean, IntRange
 from gateway.config.memory_limit import MemoryLimit, read_memory_limit
 from gateway.config.redact import shown_value
 from gateway.config.refusal import BootRefused
-from gateway.config.schema import Check, Key
+from gateway.config.schema import Key
+from gateway.config.section import Check
 from gateway.config.terms import Atom, Term
 
 if TYPE_CHECKING:
@@ -53,10 +56,7 @@ __all__ = [
 ]
 
 AREA = "memory"
-SHEDDER_LOGGER: Final = "yuzu_gw.memory_shedder"
-RECLAIM_LOGGER: Final = "yuzu_gw.mem_reclaim"
 _UNDEFINED = Atom("undefined")
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 # -- memory_shedding ------------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ def plan_of(
 
 
 def shared_by(settings: MemoryShedding, nodes: int) -> MemoryShedding:
-    """Node k of `nodes` on one host (gateway/release/plan.py): all of them share the limit the
+    """Node k of `nodes` on one host (gateway/node/multinode.py): all of them share the limit the
     boot check read, and each compares only its own memory with its marks, so marks that are
     both fractions are taken of the node's share, limit / `nodes`, and N nodes at their high
     marks stay under the limit as one node does. A byte mark is the operator's, per node, and
@@ -302,7 +302,7 @@ MEM_RECLAIM: Key[MemReclaim] = Key(
 def _log(logger: str, lines: list[LogLine] | tuple[LogLine, ...]) -> None:
     target = logging.getLogger(logger)
     for line in lines:
-        target.log(_LEVELS.get(line.level, logging.ERROR), "%s", line.text)
+        log_line(target, line)
 
 
 def resolve_memory_shedding(

@@ -1,7 +1,7 @@
 """Keys of the upstream client: the channel map (`upstream_client`), dead look-alikes, the test
 acknowledgement, the channel's TCP option and the call permits.
 
-`upstream_client` is parsed by `gateway/upstream/client_config.py`, which refuses a shape it
+`upstream_client` is parsed by `gateway/config/upstream_client.py`, which refuses a shape it
 cannot use with its own defect names; its file and environment checks run at boot
 (`gateway/upstream/boot_check.py`), not here, so a config file can be read and validated
 without the TLS files being present.
@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config.converters import AnyTerm, Boolean, IntRange, LiteralTrue, OrUndefined
-from gateway.config.schema import Key, NameOrigin, NoEffectVariable, Refuse
+from gateway.config.schema import Key, NameOrigin, Refuse
+from gateway.config.section import NoEffectVariable
 from gateway.config.terms import Atom, Term
-from gateway.upstream.client_config import ClientConfigConverter, ClientSpec
+from gateway.config.upstream_client import ClientConfigConverter, ClientSpec
 
 AREA = "upstream"
 _START = "upstream client start"

@@ -1,15 +1,12 @@
 """Peer authorisation of the management listener (seed: "Authorizing the server by its identity",
 "Certificate rotation and expiry"; SPEC_INDEX MG-01..18, CW-01..08).
 
-The config schema imports `settings` and `boot` while `gateway.config` is loading, so this
-package imports `gateway.config` first and re-exports nothing: whichever is imported first, the
-schema finishes before a module here needs it. The modules:
+What the configuration decides at boot is in gateway/config/: the four keys and their values
+(`keys/mgmt.py`, `mgmt_auth_settings.py`, the modes among them), the boot check
+(`mgmt_auth_boot.py`) and the facts read from certificates (`certs.py`). The modules here:
 
-- `reasons`: the closed set of rejection reasons, the admission methods and the modes;
-- `certs`: PEM blocks and the facts read from a certificate (SPKI hash, serial, URI SANs, EKU);
+- `reasons`: the closed set of rejection reasons and the admission methods;
 - `decide`: the pure decision for one management stream;
-- `settings`: the converters of the four keys and the values they produce;
-- `boot`: the boot check (the identity, every refusal and warning, the one INFO line);
 - `watch`: the pure core of the certificate watcher (pins, last known good, the gauges);
 - `watcher`: `PinWatcher`, the actor `yuzu_gw_mgmt_pins`;
 - `gate`: `PeerGate`, the per-stream check and the guard around the management routes;
@@ -18,5 +15,3 @@ schema finishes before a module here needs it. The modules:
 
 docs/mgmt-auth.md is the operator's page.
 """
-
-import gateway.config  # noqa: F401  (see above: the schema loads first)

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import attrs
 
-from gateway.mgmt.auth.certs import PeerCert
-from gateway.mgmt.auth.reasons import Method, Mode, Reason
+from gateway.config.certs import PeerCert
+from gateway.config.mgmt_auth_settings import Mode
+from gateway.mgmt.auth.reasons import Method, Reason
 
 __all__ = ["Admitted", "Decision", "Policy", "Rejected", "decide"]
 

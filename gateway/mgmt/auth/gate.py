@@ -29,11 +29,11 @@ from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
 from actors.core.warn_limit import WarnLimiter
+from gateway.config.certs import PeerCert, read_peer
+from gateway.config.listener_spec import MGMT_SERVICE, ListenerSpec
+from gateway.config.mgmt_auth_boot import is_judged
 from gateway.listeners.connection import ConnectionInfo, current_call
 from gateway.listeners.server import Routes
-from gateway.listeners.spec import MGMT_SERVICE, ListenerSpec
-from gateway.mgmt.auth.boot import is_judged
-from gateway.mgmt.auth.certs import PeerCert, read_peer
 from gateway.mgmt.auth.decide import Admitted, Decision, Policy, Rejected, decide
 from gateway.mgmt.auth.metrics import MgmtAuthMetrics
 from gateway.mgmt.auth.reasons import Reason

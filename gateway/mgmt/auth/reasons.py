@@ -1,5 +1,5 @@
-"""The vocabulary of management peer authorisation: modes, admission methods and the closed set
-of rejection reasons.
+"""The vocabulary of management peer authorisation: admission methods and the closed set of
+rejection reasons (the modes are the values of a key, gateway/config/mgmt_auth_settings.py).
 
 The seed counts rejections on `yuzu_gw_mgmt_auth_rejected_total{reason}` with a closed set of
 eleven reasons. It names six (`pin_mismatch`, `no_pins_resolved` and the four the identity modes
@@ -29,14 +29,6 @@ is invisible to `increase()`).
 from __future__ import annotations
 
 import enum
-
-
-class Mode(enum.StrEnum):
-    """`mgmt_peer_auth_mode`: what admits the server."""
-
-    PIN = "pin"
-    IDENTITY = "identity"
-    IDENTITY_OR_PIN = "identity_or_pin"
 
 
 class Method(enum.StrEnum):

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 import attrs
 
 from actors.core import LogLine
-from gateway.mgmt.auth.certs import PemError, certificates, earliest_not_after, spki_sha256
-from gateway.mgmt.auth.settings import FilePin, Pin, SpkiPin
+from gateway.config.certs import PemError, certificates, earliest_not_after, spki_sha256
+from gateway.config.mgmt_auth_settings import FilePin, Pin, SpkiPin
 
 __all__ = [
     "PIN_ROLE",

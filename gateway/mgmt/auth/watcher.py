@@ -27,6 +27,7 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core import LogLine
+from actors.effects import log_line
 from gateway.mgmt.auth.gate import PinBoard
 from gateway.mgmt.auth.metrics import MgmtAuthMetrics
 from gateway.mgmt.auth.watch import (
@@ -52,7 +53,6 @@ _REFRESH = "refresh"
 # A certificate file is a few kilobytes; a path pointing at something far larger is not one,
 # and must not cost a large read every interval.
 MAX_FILE_BYTES = 1024 * 1024
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
 def read_file(path: str) -> bytes:
@@ -123,8 +123,8 @@ class PinWatcher(Process):
                     metrics.pin_rotated.set(at)
                 case PinsUnresolved(n=n):
                     metrics.pin_unresolved.inc(n)
-                case LogLine(level=level, text=text):
-                    log.log(_LEVELS.get(level, logging.ERROR), "%s", text)
+                case LogLine():
+                    log_line(log, effect)
 
     def format_status(self) -> Mapping[str, Any]:
         return {

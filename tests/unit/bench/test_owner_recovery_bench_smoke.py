@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from thespian.actors import ActorSystem
 
-from actors.agents.sup import AGENT_SUP_NAME, AgentSup, AgentSupArgs
+from actors.agents.api import AGENT_SUP_NAME
+from actors.agents.sup import AgentSup, AgentSupArgs
 from supervisors.runtime import LoopSystemBase
 from tests.bench import owner_kill
 from tests.bench.common import format_table

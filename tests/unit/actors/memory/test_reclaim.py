@@ -21,6 +21,7 @@ from actors.core.reclaim import (
     dropped_enough,
 )
 from actors.memory import reclaim as mem_reclaim
+from actors.memory.api import RECLAIM_NAME
 from actors.memory.reclaim import MemReclaimActor, agent_count, load_malloc_trim
 from actors.registry.api import AGENTS_TABLE
 from gateway.config.config import Config
@@ -28,6 +29,7 @@ from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.keys.shedder import MEM_RECLAIM, MemReclaim
 from gateway.config.vm_args import CookieSource, NodeArgs
+from gateway.node.children.memory import reclaim_args
 from tests.support.actors import Child, Harness, actor_test, run
 
 POLICY = ReclaimPolicy(followup_s=30.0, trim_interval_s=300.0)
@@ -200,7 +202,7 @@ async def test_a_drop_runs_a_pass_then_a_followup_with_one_line_each(
     caplog.set_level(logging.INFO, "yuzu_gw.mem_reclaim")
     owner = await agents_table(h, 1200)
     assert agent_count(h.base) == 1200
-    h.create(MemReclaimActor, context(tmp_path, FAST), "mem_reclaim")
+    h.create(MemReclaimActor, reclaim_args(context(tmp_path, FAST)), RECLAIM_NAME)
     await asyncio.sleep(0.25)  # the peak is read
     assert reclaim_lines(caplog) == []
 
@@ -227,7 +229,7 @@ async def test_without_malloc_trim_one_notice_and_garbage_collection_only(
     caplog.set_level(logging.INFO, "yuzu_gw.mem_reclaim")
     monkeypatch.setattr(mem_reclaim, "load_malloc_trim", lambda: (None, "musl has none"))
     owner = await agents_table(h, 2000)
-    h.create(MemReclaimActor, context(tmp_path, FAST), "mem_reclaim")
+    h.create(MemReclaimActor, reclaim_args(context(tmp_path, FAST)), RECLAIM_NAME)
     await asyncio.sleep(0.25)
 
     def drop(actor: Child) -> None:

@@ -14,14 +14,7 @@ import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
-from actors.memory.shedder import NAME, READINESS_CHECK, MemoryShedder, agent_listeners
-from gateway.config.context import NodeContext
-from gateway.config.keys import SCHEMA
-from gateway.config.keys.shedder import MEMORY_SHEDDING, SheddingPlan, shared_by
-from gateway.config.resolve import resolve_section
-from gateway.config.terms import parse_term
-from gateway.config.vm_args import CookieSource, NodeArgs
-from gateway.listeners.listener_actor import (
+from actors.listeners.api import (
     RUNNING,
     STATE_ROW,
     SUSPENDED,
@@ -31,8 +24,18 @@ from gateway.listeners.listener_actor import (
     actor_name,
     table_name,
 )
-from gateway.listeners.spec import ListenerSpec
+from actors.memory.api import READINESS_CHECK
+from actors.memory.api import SHEDDER_NAME as NAME
+from actors.memory.shedder import MemoryShedder
+from gateway.config.context import NodeContext
+from gateway.config.keys import SCHEMA
+from gateway.config.keys.shedder import MEMORY_SHEDDING, SheddingPlan, shared_by
+from gateway.config.listener_spec import ListenerSpec
+from gateway.config.resolve import resolve_section
+from gateway.config.terms import parse_term
+from gateway.config.vm_args import CookieSource, NodeArgs
 from gateway.node import memory_reader
+from gateway.node.children.memory import agent_listeners, shedder_args
 from supervisors.address import Address
 from supervisors.process import Process
 from tests.support.actors import Harness, actor_test
@@ -158,7 +161,7 @@ async def test_a_node_of_a_multi_node_host_names_the_share_its_marks_are_of(
         MEMORY_SHEDDING, settings, whole.config.source_of(MEMORY_SHEDDING)
     )
     ctx = NodeContext(config, whole.node, tmp_path, CollectorRegistry())
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     assert settings.plan is not None and settings.plan.limit is not None
     limit = settings.plan.limit
     share = limit.limit_bytes // 2
@@ -185,7 +188,7 @@ async def test_sheds_the_agent_listener_and_resumes_it_with_hysteresis(
     caplog.set_level(logging.INFO, LOGGER)
     agent, mgmt = listener(h, Script("agent")), listener(h, Script("mgmt"))
     ctx = context(tmp_path)
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     assert (
         lines(caplog)
         == [
@@ -225,7 +228,7 @@ async def test_a_resume_that_fails_is_retried_counted_and_logged(
     caplog.set_level(logging.INFO, LOGGER)
     agent = listener(h, Script("agent", fail=3))
     ctx = context(tmp_path, listeners=AGENT)
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     memory.used = 2000
     await until(lambda: agent.state == SUSPENDED)
     memory.used = 0
@@ -257,7 +260,7 @@ async def test_a_restarted_shedder_adopts_a_suspended_listener(
     agent = listener(h, Script("agent", state=SUSPENDED))
     ctx = context(tmp_path, listeners=AGENT)
     memory.used = 900
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     assert lines(caplog)[0].endswith("; agent found suspended: treated as shed")
     assert not ready(ctx)
     assert metric(ctx, "yuzu_gw_memory_shedding_active") == 1
@@ -274,7 +277,7 @@ async def test_a_listener_restarted_while_shedding_is_suspended_again(
 ) -> None:
     agent = listener(h, Script("agent"))
     ctx = context(tmp_path, listeners=AGENT)
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     memory.used = 5000
     await until(lambda: agent.state == SUSPENDED)
     address = h.base.whereis(actor_name("agent"))
@@ -312,7 +315,7 @@ def test_modes_that_do_not_run(
     async def body(h: Harness) -> None:
         caplog.set_level(logging.INFO, LOGGER)
         ctx = context(tmp_path, shedding, listeners)
-        h.create(MemoryShedder, ctx, NAME)
+        h.create(MemoryShedder, shedder_args(ctx), NAME)
         assert lines(caplog)[0].startswith(line)
         assert metric(ctx, "yuzu_gw_memory_shedding_inactive") == inactive
         assert metric(ctx, "yuzu_gw_memory_shedding_high_water_bytes") == 0
@@ -337,7 +340,7 @@ async def test_an_unknown_limit_with_fractions_is_inactive(
         ctx.config.source_of(MEMORY_SHEDDING),
     )
     ctx = attrs.evolve(ctx, config=config)
-    h.create(MemoryShedder, ctx, NAME)
+    h.create(MemoryShedder, shedder_args(ctx), NAME)
     assert lines(caplog) == [
         "gateway memory shedding is inactive: memory_limit_unknown (set high_water_bytes and"
         " low_water_bytes below the memory the gateway may use; read at start, so restart the"

@@ -1,6 +1,6 @@
 """The node gauges (actors/node/metrics.py) and their sampler (actors/node/gauges.py): memory by
-kind from /proc/self/status and the heartbeat buffer's status, each named actor's mailbox, the
-garbage-collection pause histogram, and the sampler's cadence."""
+kind from /proc/self/status (gateway/node/memory_reader.py) and the heartbeat buffer's status,
+each named actor's mailbox, the garbage-collection pause histogram, and the sampler's cadence."""
 
 from __future__ import annotations
 
@@ -11,20 +11,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from actors.node.gauges import NAME, NodeGauges
-from actors.node.metrics import (
-    GC_PAUSE,
-    MAILBOX,
-    MEMORY,
-    mailbox_lengths,
-    node_metrics,
-    process_memory,
-)
+from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
+from actors.node.api import GAUGES_NAME as NAME
+from actors.node.gauges import NodeGauges
+from actors.node.metrics import GC_PAUSE, MAILBOX, MEMORY, mailbox_lengths, node_metrics
 from gateway.config.context import NodeContext
 from gateway.config.keys import SCHEMA
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
 from gateway.config.vm_args import CookieSource, NodeArgs
+from gateway.node.children.gauges import gauges_args
+from gateway.node.memory_reader import process_memory
 from supervisors.process import Process
 from supervisors.reason import SHUTDOWN
 from tests.support.actors import Harness, Ping, actor_test
@@ -81,23 +78,23 @@ async def test_a_sample_sets_memory_and_mailboxes_and_drops_what_ended(
     metrics = node_metrics(registry)
     status = write_status(tmp_path)
     h.tell(h.spawn("unnamed"), Ping())  # an unnamed actor is never a series
-    named = h.create(FakeBuffer, None, name="heartbeat_buffer")
+    named = h.create(FakeBuffer, None, name=HEARTBEAT_BUFFER)
     for _ in range(3):
         h.tell(named, Ping())
     # Sampled before the loop runs: the three pings still wait in the mailbox.
     assert mailbox_lengths(h.base) == {"heartbeat_buffer": 3}
-    metrics.sample(h.base, status)
+    metrics.sample(h.base, process_memory(status), HEARTBEAT_BUFFER)
     assert sample_value(registry, MAILBOX, actor="heartbeat_buffer") == 3
     assert sample_value(registry, MEMORY, type="rss") == 51200 * 1024
     assert sample_value(registry, MEMORY, type="rss_anon") == 40960 * 1024
     assert sample_value(registry, MEMORY, type="heartbeat_buffer") == 4096
 
     await h.settle()
-    metrics.sample(h.base, status)
+    metrics.sample(h.base, process_memory(status), HEARTBEAT_BUFFER)
     assert sample_value(registry, MAILBOX, actor="heartbeat_buffer") == 0
 
     h.base.kill(named)
-    metrics.sample(h.base, tmp_path / "missing")
+    metrics.sample(h.base, process_memory(tmp_path / "missing"), HEARTBEAT_BUFFER)
     # Nothing stale: an actor that is gone and a kind that cannot be read have no series.
     assert sample_value(registry, MAILBOX, actor="heartbeat_buffer") is None
     assert sample_value(registry, MEMORY, type="heartbeat_buffer") is None
@@ -146,13 +143,13 @@ async def test_the_sampler_samples_every_interval_and_clears_when_it_ends(
     h: Harness, tmp_path: Path
 ) -> None:
     ctx = node_context(tmp_path, 100)
-    sampler = h.create(NodeGauges, ctx, name=NAME)
+    sampler = h.create(NodeGauges, gauges_args(ctx), name=NAME)
     registry = ctx.registry
     # The first sample is taken at start.
     assert sample_value(registry, MAILBOX, actor=NAME) == 0
     assert (sample_value(registry, MEMORY, type="rss_anon") or 0) > 0
     assert h.instance(sampler).format_status() == {"interval_s": 0.1, "samples": 1}
-    late = h.create(FakeBuffer, None, name="heartbeat_buffer")
+    late = h.create(FakeBuffer, None, name=HEARTBEAT_BUFFER)
     await h.wait_until(
         lambda: sample_value(registry, MEMORY, type="heartbeat_buffer") == 4096,
         timeout=1.0,

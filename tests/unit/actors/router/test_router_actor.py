@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from actors.agents.api import (
+    AGENT_SUP_NAME,
     AgentFrame,
     CommandFailed,
     DeliverCommand,
@@ -23,7 +24,7 @@ from actors.agents.api import (
     StreamHandle,
     create_owner_table,
 )
-from actors.agents.sup import AGENT_SUP_NAME, AgentSup
+from actors.agents.sup import AgentSup
 from actors.agents.watch import WATCHERS_TABLE, Watcher, create_watch_table
 from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
@@ -35,14 +36,17 @@ from actors.registry.api import (
     agent_session,
     held_agent_ids,
 )
-from actors.router.actor import ROUTER_NAME, Router, RouterArgs
-from actors.router.api import AbandonCommand, RouteCommand
+from actors.router.actor import Router, RouterArgs
+from actors.router.api import ROUTER_NAME, AbandonCommand, RouteCommand
+from actors.upstream.api import UPSTREAM_NAME
+from gateway.node.children.agents import agent_sup_args
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.address import Address
 from supervisors.api import start_child
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 from tests.support.actors import Args, Child, Harness, actor_test
+from tests.support.fake_channel import upstream_context
 
 Response = agent_pb2.CommandResponse
 S = Response.Status
@@ -131,8 +135,14 @@ def tree(h: Harness, default_timeout: object = 300) -> Tree:
         SupFlags("one_for_one", 10, 60.0),
         (
             ChildSpec(REGISTRY_NAME, Registry, RegistryArgs(), name=REGISTRY_NAME),
-            ChildSpec("upstream", Child, Args(id="upstream"), name="upstream"),
-            ChildSpec(AGENT_SUP_NAME, AgentSup, None, type="supervisor", name=AGENT_SUP_NAME),
+            ChildSpec(UPSTREAM_NAME, Child, Args(id=UPSTREAM_NAME), name=UPSTREAM_NAME),
+            ChildSpec(
+                AGENT_SUP_NAME,
+                AgentSup,
+                agent_sup_args(upstream_context()),
+                type="supervisor",
+                name=AGENT_SUP_NAME,
+            ),
             ChildSpec(ROUTER_NAME, Router, RouterArgs(lambda: default_timeout), name=ROUTER_NAME),
         ),
     )

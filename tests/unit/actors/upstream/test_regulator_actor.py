@@ -17,9 +17,8 @@ from prometheus_client import CollectorRegistry
 from actors.core.breaker import Lane, ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream.actor import Outcome, breaker_view
-from actors.upstream.api import PROXY_INVENTORY, PROXY_REGISTER
+from actors.upstream.api import CHANNEL_ACTOR_NAME, PROXY_INVENTORY, PROXY_REGISTER, UpstreamRefused
 from actors.upstream.regulator import GetPermits, PermitSnapshot
-from gateway.upstream.calls import UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import (
@@ -306,7 +305,7 @@ async def test_the_limit_is_read_at_start_and_again_after_a_channel_restart(h: H
     regulator = h.instance(actors.regulator)
     # Found gone at the next look (every second): unknown, so the configured sizes apply.
     await h.wait_until(lambda: regulator.pool.limits.register == 48, 3.0)
-    h.create(FakeChannelOwner, FakeChannel(max_streams=70), "upstream_channel")
+    h.create(FakeChannelOwner, FakeChannel(max_streams=70), CHANNEL_ACTOR_NAME)
     await h.wait_until(lambda: regulator.pool.limits.register == 7, 3.0)
 
 

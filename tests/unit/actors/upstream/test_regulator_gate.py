@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from actors.core.permits import Caller, PermitPool
-from actors.upstream.regulator import NAME as REGULATOR
+from actors.upstream.api import REGULATOR_NAME as REGULATOR
 from actors.upstream.regulator import GetPermits, PermitSnapshot, Regulator, permit_gate
+from gateway.node.children.upstream import regulator_args
 from supervisors.address import Address
 from supervisors.reason import ExitReason
 from tests.support.actors import Harness, actor_test
@@ -60,7 +61,7 @@ async def test_a_killed_regulator_answers_its_waiters_and_leaks_nothing(h: Harne
         assert permit_gate(h.base) is None
         assert old_gate is not None
         assert old_gate.acquire(0, Caller.REGISTER, h.loop.time() + 10.0) == "unavailable"
-        restarted = h.create(Regulator, actors.ctx, REGULATOR)
+        restarted = h.create(Regulator, regulator_args(actors.ctx), REGULATOR)
         assert await held_register_permits(h, restarted) == 0
     # The holder gave its permit back to the pool it took it from, which nobody uses.
     await h.settle()

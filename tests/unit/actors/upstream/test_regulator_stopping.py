@@ -13,8 +13,7 @@ import pytest
 
 from actors.core.permits import Caller
 from actors.node.api import StopAdmitting
-from actors.upstream.api import PROXY_INVENTORY
-from gateway.upstream.calls import UpstreamRefused
+from actors.upstream.api import PROXY_INVENTORY, UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import UpstreamActors

@@ -18,7 +18,7 @@ import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
-from actors.agents.api import EndSession, OwnerRow
+from actors.agents.api import OwnerRow
 from actors.core.breaker import ResultKind, State
 from actors.core.notify_store import Event
 from actors.core.permits import Caller
@@ -28,10 +28,18 @@ from actors.heartbeat.api import NAME as BUFFER
 from actors.heartbeat.api import BufferHeartbeat
 from actors.heartbeat.buffer import HeartbeatBufferActor
 from actors.registry.api import AGENTS_TABLE, OWNERS_TABLE, AgentRow
-from actors.upstream.actor import NAME as UPSTREAM
 from actors.upstream.actor import breaker_view
-from actors.upstream.api import PROXY_REGISTER, SESSION_ID_METADATA, Notify, UpstreamCallError
+from actors.upstream.api import (
+    CHANNEL_ACTOR_NAME,
+    PROXY_REGISTER,
+    SESSION_ID_METADATA,
+    EndSession,
+    Notify,
+    UpstreamCallError,
+)
+from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
 from actors.upstream.replay import NOT_ACCEPTED_DETAILS, SUPERSEDED_DETAILS
+from gateway.node.children.heartbeat import heartbeat_buffer_args
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from supervisors.address import Address
@@ -390,10 +398,10 @@ def buffer_node(h: Harness, answer: Callable[[Any], Any]) -> tuple[Address, list
     channel = FakeChannel()
     channel.set_rule("BatchHeartbeat", answer)
     ctx = upstream_context("[{heartbeat_batch_interval_ms, 100}]")
-    h.create(FakeChannelOwner, channel, "upstream_channel")
+    h.create(FakeChannelOwner, channel, CHANNEL_ACTOR_NAME)
     inbox: list[Any] = []
-    h.create(Child, Args("upstream", inbox=inbox), UPSTREAM)
-    return h.create(HeartbeatBufferActor, ctx, BUFFER), inbox, ctx
+    h.create(Child, Args(UPSTREAM, inbox=inbox), UPSTREAM)
+    return h.create(HeartbeatBufferActor, heartbeat_buffer_args(ctx), BUFFER), inbox, ctx
 
 
 def beat(n: int) -> BufferHeartbeat:

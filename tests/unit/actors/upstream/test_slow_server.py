@@ -31,9 +31,10 @@ from actors.core.slow_server import (
     SlowServer,
 )
 from actors.upstream.api import PROXY_REGISTER, ForwardGuardian, Notify
+from actors.upstream.api import SLOW_SERVER_NAME as NAME
 from actors.upstream.guardian import MAX_INFLIGHT as GUARDIAN_SLOTS
 from actors.upstream.slow_metrics import SLOW
-from actors.upstream.slow_sampler import NAME, SlowSampler, saturated_lanes
+from actors.upstream.slow_sampler import SlowSampler, SlowSamplerArgs, saturated_lanes
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness, ManualClock, actor_test
@@ -309,7 +310,7 @@ async def test_the_gauge_flips_to_one_at_half_a_minute_of_backpressure_and_back(
     h: Harness,
 ) -> None:
     actors, channel = start(h)
-    sampler = h.create(FastSampler, actors.ctx, NAME)
+    sampler = h.create(FastSampler, SlowSamplerArgs(actors.ctx.registry), NAME)
     await h.settle()
     assert slow_gauge(actors) == 0.0
     channel.freeze()
@@ -330,7 +331,7 @@ async def test_the_gauge_flips_to_one_at_half_a_minute_of_backpressure_and_back(
 @actor_test
 async def test_a_sampler_that_ends_reads_zero(h: Harness) -> None:
     actors, channel = start(h, ONE_PERMIT)
-    sampler = h.create(FastSampler, actors.ctx, NAME)
+    sampler = h.create(FastSampler, SlowSamplerArgs(actors.ctx.registry), NAME)
     channel.freeze()
     tasks = [asyncio.create_task(register(h, actors)) for _ in range(2)]
     await lanes_become(h, frozenset({SlowLane.PERMITS}))

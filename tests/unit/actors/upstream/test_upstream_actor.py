@@ -17,8 +17,7 @@ from prometheus_client import CollectorRegistry
 from actors.core.breaker import Lane, ResultKind, State
 from actors.core.permits import Caller
 from actors.upstream.actor import BreakerView, GetBreaker, Outcome, breaker_view, readiness_checks
-from actors.upstream.api import PROXY_REGISTER, UpstreamCallError
-from gateway.upstream.calls import UpstreamRefused
+from actors.upstream.api import PROXY_REGISTER, UpstreamCallError, UpstreamRefused
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import (

@@ -25,7 +25,8 @@ from actors.registry.api import OWNERS_TABLE
 from actors.upstream.actor import FlushDone, FlushNotifications, RaiseNotifyCap, breaker_view
 from actors.upstream.api import PROXY_REGISTER, ForwardGuardian, Notify, UpstreamCallError
 from actors.upstream.guardian import MAX_INFLIGHT as GUARDIAN_MAX
-from actors.upstream.notify import NotifyLane, notify_pending_max
+from actors.upstream.notify import NotifyLane
+from gateway.node.children.upstream import notify_pending_max
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
 from tests.support.actors import Harness, actor_test

@@ -149,29 +149,29 @@ LINES: dict[str, tuple[str, ...]] = {
     ),
     # The boot refusals: the refusal's text, and the one CRITICAL line every refusal is.
     "L35": (
-        "tests/unit/gateway/upstream/test_upstream_client_config.py::test_unverified_https_is_refused",
+        "tests/unit/gateway/config/test_upstream_client_config.py::test_unverified_https_is_refused",
         "tests/unit/gateway/config/test_config_refusal.py::test_the_log_line_is_one_critical_line",
     ),
     "L36": (
-        "tests/unit/gateway/upstream/test_upstream_client_config.py::test_a_directory_where_a_tls_file_belongs_refuses_boot",
+        "tests/unit/gateway/config/test_upstream_client_config.py::test_a_directory_where_a_tls_file_belongs_refuses_boot",
         "tests/unit/gateway/config/test_config_refusal.py::test_the_log_line_is_one_critical_line",
     ),
     "L37": (
-        "tests/unit/gateway/upstream/test_upstream_client_config.py::test_mixed_endpoints_text_is_the_seeds",
+        "tests/unit/gateway/config/test_upstream_client_config.py::test_mixed_endpoints_text_is_the_seeds",
         "tests/unit/gateway/config/test_config_refusal.py::test_the_log_line_is_one_critical_line",
     ),
     "L38": (
         "tests/unit/gateway/config/test_config_schema.py::test_upstream_address_variables_have_no_effect",
     ),
     "L39": (
-        "tests/unit/gateway/upstream/test_upstream_client_config.py::test_missing_empty_or_pem_less_files_warn_once_each_and_boot",
+        "tests/unit/gateway/config/test_upstream_client_config.py::test_missing_empty_or_pem_less_files_warn_once_each_and_boot",
         "tests/integration/test_upstream_channel.py::test_a_missing_ca_file_warns_fails_tls_and_recovers",
     ),
     "L40": (
         "tests/integration/test_upstream_channel.py::test_a_missing_ca_file_warns_fails_tls_and_recovers",
     ),
     "L41": (
-        "tests/unit/gateway/upstream/test_upstream_client_config.py::test_the_seeds_example_line_word_for_word",
+        "tests/unit/gateway/config/test_upstream_client_config.py::test_the_seeds_example_line_word_for_word",
     ),
     "L42": (
         "tests/unit/gateway/mgmt/test_mgmt_auth_boot.py::test_the_identity_is_derived_from_a_single_certificate_cacertfile",

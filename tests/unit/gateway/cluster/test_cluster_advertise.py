@@ -1,4 +1,4 @@
-"""The advertise address (gateway/cluster/advertise.py and local_host.py; docs/cluster.md):
+"""The advertise address (gateway/config/advertise.py and local_host.py; docs/cluster.md):
 the seed's order as a pure function (hypothesis), the interface addresses read from
 /proc/net/fib_trie, the vm.args line that opts in, and boot and the release supervisor
 agreeing on the name."""
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.cluster import local_host
-from gateway.cluster.advertise import ADVERTISE_VAR, FALLBACK_ADDR, LocalHost, Step, choose
-from gateway.cluster.local_host import bounded_resolver, local_ipv4_addrs, parse_fib_trie
+from gateway.config import local_host
+from gateway.config.advertise import ADVERTISE_VAR, FALLBACK_ADDR, LocalHost, Step, choose
 from gateway.config.loader import PROJECT_ROOT, load
+from gateway.config.local_host import bounded_resolver, local_ipv4_addrs, parse_fib_trie
 from gateway.config.refusal import BootRefused
 from gateway.release.plan import pin_advertise, plan
 from tests.unit.gateway.config.test_config_cookie import vm_args

@@ -1,5 +1,5 @@
 """The membership policy (gateway/cluster/membership.py) against a model, and the seed entries
-(gateway/cluster/seeds.py)."""
+(gateway/config/cluster_seeds.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gateway.cluster.membership import Dial, Membership, Probe, Resolve
-from gateway.cluster.seeds import (
+from gateway.config.cluster_seeds import (
     DEFAULT_CLUSTER_PORT,
     PeerAddr,
     expand_seed,
@@ -45,7 +45,7 @@ def test_a_seed_entry_may_carry_a_port(entry: str, addr: PeerAddr) -> None:
 @given(st.integers(1, 64), st.data())
 def test_a_hosts_ports_run_on_from_the_first_nodes(count: int, data: st.DataObject) -> None:
     index = data.draw(st.integers(1, count))
-    # Node `index` holds the configured port (9100) + index - 1 (gateway/release/plan.py).
+    # Node `index` holds the configured port (9100) + index - 1 (gateway/node/multinode.py).
     ports = host_ports(9100 + index - 1, index, count)
     assert ports == tuple(range(9100, 9100 + count))
     assert host_ports(9100, 1, 1) == (9100,)

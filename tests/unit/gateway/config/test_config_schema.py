@@ -16,7 +16,8 @@ from gateway.config.converters import IntRange
 from gateway.config.keys import SCHEMA, cluster, heartbeat, listeners, node, upstream
 from gateway.config.refusal import BootRefused, refusing_boot
 from gateway.config.resolve import resolve_section
-from gateway.config.schema import Key, Schema, Source
+from gateway.config.schema import Key, Source
+from gateway.config.section import Schema
 from gateway.config.terms import Atom, Term, parse_term
 
 CONFIG = "yuzu_gw.config"

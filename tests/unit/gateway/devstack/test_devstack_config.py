@@ -19,6 +19,7 @@ from gateway.config.keys.mgmt import MGMT_PEER_AUTH_MODE, MGMT_PEER_IDENTITY
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.config.keys.upstream import ALLOW_NO_UPSTREAM, UPSTREAM_CLIENT
 from gateway.config.loader import PROJECT_ROOT, SHIPPED_CONFIG, load_config, read_sections
+from gateway.config.mgmt_auth_settings import Mode
 from gateway.config.terms import Atom
 from gateway.devstack import config
 from gateway.devstack.pki import DevPki, write_pki
@@ -32,7 +33,6 @@ from gateway.devstack.stack import (
     check_free,
     free_ports,
 )
-from gateway.mgmt.auth.reasons import Mode
 
 PORTS = config.Ports(agent=41001, mgmt=41002, health=41003, metrics=41004, upstream=41005)
 

@@ -1,4 +1,4 @@
-"""The fake Yuzu server (gateway/devstack/fake_upstream.py), driven by a grpcio aio client."""
+"""The fake Yuzu server (gateway/devstack/fake_upstream/), driven by a grpcio aio client."""
 
 from __future__ import annotations
 

@@ -12,17 +12,17 @@ import pytest
 
 from gateway.config.keys import SCHEMA
 from gateway.config.keys import listeners as listener_keys
-from gateway.config.refusal import BootRefused
-from gateway.config.resolve import resolve_section
-from gateway.config.schema import Schema
-from gateway.config.terms import Atom, ExternalFun, Term, parse_term
-from gateway.listeners.origin import Mode
-from gateway.listeners.overrides import apply_port_overrides, require_agent_listener
-from gateway.listeners.spec import (
+from gateway.config.listener_overrides import apply_port_overrides, require_agent_listener
+from gateway.config.listener_spec import (
     AGENT_SERVICE,
     ListenerSpec,
     parse_listeners,
 )
+from gateway.config.origin_sources import Mode
+from gateway.config.refusal import BootRefused
+from gateway.config.resolve import resolve_section
+from gateway.config.section import Schema
+from gateway.config.terms import Atom, ExternalFun, Term, parse_term
 from gateway.listeners.tree import (
     ListenerBoard,
     agent_connection_capacity,

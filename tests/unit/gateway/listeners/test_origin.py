@@ -8,15 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.config.origin_sources import MappedPrefixTooShort, Sources, fold
 from gateway.listeners.origin import (
     MAX_XFF_ENTRY_BYTES,
     Attribution,
     Ignored,
-    MappedPrefixTooShort,
-    Sources,
     attribute,
     bare_ip,
-    fold,
     forwarded_claim,
     peer_address,
 )

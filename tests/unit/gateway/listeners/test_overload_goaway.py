@@ -1,6 +1,7 @@
 """The overload go-away core (actors/core/overload_goaway.py; seed 001's OVERLOADED go-away): the
 watermarks and their refusal, how many are sent away and whom, the 5 s cadence, the hysteresis
-and the grace; then the `overload_goaway` key of a listener entry (gateway/listeners/spec.py)."""
+and the grace; then the `overload_goaway` key of a listener entry
+(gateway/config/listener_spec.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from actors.core.overload_goaway import (
     Watermarks,
     WatermarksRefused,
 )
+from gateway.config.listener_spec import LOW_NOT_BELOW_HIGH, OVERLOAD_ON_MGMT, parse_listeners
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import parse_term
-from gateway.listeners.spec import LOW_NOT_BELOW_HIGH, OVERLOAD_ON_MGMT, parse_listeners
 
 AGENT = (
     "name => agent, service_protos => [agent_pb],"

@@ -14,6 +14,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.upstream.api import RefusalReason, UpstreamRefused
 from gateway.agent.status import session_refused, upstream_refused
 from gateway.listeners.retry_hint import (
     HINT_RANGES_MS,
@@ -24,7 +25,6 @@ from gateway.listeners.retry_hint import (
     send_refusal,
     trailer,
 )
-from gateway.upstream.calls import RefusalReason, UpstreamRefused
 
 kinds = st.sampled_from(RefusalKind)
 

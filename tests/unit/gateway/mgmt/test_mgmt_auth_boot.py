@@ -1,6 +1,6 @@
-"""The four keys and the boot check of management peer authorisation (gateway/mgmt/auth/boot.py,
-settings.py, gateway/config/keys/mgmt.py): every refusal and warning of the seed, the one INFO
-line, and the shipped production entry."""
+"""The four keys and the boot check of management peer authorisation (gateway/config/:
+mgmt_auth_boot.py, mgmt_auth_settings.py, keys/mgmt.py): every refusal and warning of the
+seed, the one INFO line, and the shipped production entry."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from gateway.config.config import Config
 from gateway.config.keys import SCHEMA, mgmt
 from gateway.config.keys import listeners as listener_keys
 from gateway.config.loader import PROJECT_ROOT, load_config
+from gateway.config.mgmt_auth_settings import FilePin, Mode, SpkiPin
 from gateway.config.refusal import BootRefused
 from gateway.config.resolve import resolve_section
 from gateway.config.terms import parse_term
-from gateway.mgmt.auth.reasons import Mode
-from gateway.mgmt.auth.settings import FilePin, SpkiPin
 from tests.support.certs import CertAuthority, Pki, server_identity, write_pki
 
 LOGGER = mgmt.MGMT_LOGGER

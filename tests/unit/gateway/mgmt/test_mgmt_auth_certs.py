@@ -1,11 +1,11 @@
-"""What the gateway reads from certificates (gateway/mgmt/auth/certs.py)."""
+"""What the gateway reads from certificates (gateway/config/certs.py)."""
 
 from __future__ import annotations
 
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from gateway.mgmt.auth.certs import (
+from gateway.config.certs import (
     PemError,
     certificates,
     earliest_not_after,

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gateway.mgmt.auth.certs import PeerCert
+from gateway.config.certs import PeerCert
+from gateway.config.mgmt_auth_settings import Mode
 from gateway.mgmt.auth.decide import Admitted, Policy, Rejected, decide
-from gateway.mgmt.auth.reasons import Method, Mode, Reason
+from gateway.mgmt.auth.reasons import Method, Reason
 
 INSTALL = "AB" * 32
 IDENTITY = f"yuzu://{INSTALL}/server"

@@ -11,16 +11,17 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from grpclib.const import Cardinality, Handler
 from prometheus_client import CollectorRegistry
 
+from gateway.config.certs import spki_sha256
+from gateway.config.listener_spec import parse_listeners
+from gateway.config.mgmt_auth_settings import Mode
 from gateway.config.terms import parse_term
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.server import Routes
-from gateway.listeners.spec import parse_listeners
 from gateway.mgmt.auth import gate as gate_module
-from gateway.mgmt.auth.certs import spki_sha256
 from gateway.mgmt.auth.decide import Admitted, Policy, Rejected
 from gateway.mgmt.auth.gate import PeerGate, PinBoard
 from gateway.mgmt.auth.metrics import mgmt_auth_metrics
-from gateway.mgmt.auth.reasons import Method, Mode, Reason
+from gateway.mgmt.auth.reasons import Method, Reason
 from tests.support.certs import CertAuthority, server_identity
 
 CA = CertAuthority()

@@ -14,11 +14,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from prometheus_client import CollectorRegistry
 
 from actors.core import LogLine
+from gateway.config.certs import spki_sha256
+from gateway.config.mgmt_auth_settings import FilePin, SpkiPin
 from gateway.mgmt.auth import watch as watch_module
-from gateway.mgmt.auth.certs import spki_sha256
 from gateway.mgmt.auth.gate import PinBoard
 from gateway.mgmt.auth.metrics import mgmt_auth_metrics
-from gateway.mgmt.auth.settings import FilePin, SpkiPin
 from gateway.mgmt.auth.watch import (
     PIN_ROLE,
     CertWatch,

@@ -1,5 +1,6 @@
 """Several nodes per host, the pure part: node names, per-node ports, the node's environment,
-and boot applying the same plan the release supervisor records (gateway/release/plan.py)."""
+and boot applying the same plan the release supervisor records (gateway/node/multinode.py,
+gateway/release/plan.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,15 @@ from gateway.config.refusal import BootRefused
 from gateway.config.schema import Source
 from gateway.listeners.server import REUSEPORT_VAR
 from gateway.node.boot import prepare
-from gateway.release import plan as release_plan
-from gateway.release.plan import (
+from gateway.node.multinode import (
     MAX_NODES,
     NODE_COUNT_VAR,
     NODE_INDEX_VAR,
-    NodePlan,
     indexed_name,
-    node_env,
     offset_port,
-    parse_count,
 )
+from gateway.release import plan as release_plan
+from gateway.release.plan import NodePlan, node_env, parse_count
 from tests.support.node import node_env as support_env
 
 PORTS = """[{yuzu_gw, [{health_port, 8081}, {prometheus_port, 9568}, {cluster_port, 9100},

@@ -35,16 +35,16 @@ import attrs
 
 from actors.core import LogLine
 from gateway.config.converters import BadValue, text_of
-from gateway.config.redact import shown_value
-from gateway.config.refusal import BootRefused
-from gateway.config.terms import Atom, Term
-from gateway.upstream.endpoint_options import (
+from gateway.config.endpoint_options import (
     BadShape,
     SocketOptions,
     TlsOptions,
     parse_socket_options,
     parse_tls_options,
 )
+from gateway.config.redact import shown_value
+from gateway.config.refusal import BootRefused
+from gateway.config.terms import Atom, Term
 
 __all__ = [
     "BAD_CHANNEL",
@@ -52,7 +52,6 @@ __all__ = [
     "BAD_ENDPOINT",
     "BAD_HOST",
     "BAD_SOCKET_OPTIONS",
-    "DEFAULT_CHANNEL",
     "MIXED_UPSTREAM_ENDPOINTS",
     "ChannelSpec",
     "ClientConfigConverter",
@@ -67,9 +66,6 @@ BAD_ENDPOINT: Final = "bad_endpoint"
 BAD_HOST: Final = "bad_host"
 BAD_SOCKET_OPTIONS: Final = "bad_socket_options"
 MIXED_UPSTREAM_ENDPOINTS: Final = "mixed_upstream_endpoints"
-
-# The registration, inventory and heartbeat code call the channel of this name.
-DEFAULT_CHANNEL: Final = "default_channel"
 
 DOCS_REF: Final = "docs/upstream-channel.md"
 

@@ -14,6 +14,7 @@ says so when the listener's CA gives the upper-case value.
 
 from __future__ import annotations
 
+import enum
 import re
 
 import attrs
@@ -22,7 +23,6 @@ from gateway.config.converters import BadValue, text_of
 from gateway.config.redact import shown_value
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, Term
-from gateway.mgmt.auth.reasons import Mode
 
 __all__ = [
     "BAD_DENIED",
@@ -33,11 +33,21 @@ __all__ = [
     "DeniedSetting",
     "FilePin",
     "IdentitySetting",
+    "Mode",
     "ModeSetting",
     "Pin",
     "PinsSetting",
     "SpkiPin",
 ]
+
+
+class Mode(enum.StrEnum):
+    """`mgmt_peer_auth_mode`: what admits the server."""
+
+    PIN = "pin"
+    IDENTITY = "identity"
+    IDENTITY_OR_PIN = "identity_or_pin"
+
 
 BAD_MODE = "bad_mgmt_peer_auth_mode"
 BAD_IDENTITY = "bad_mgmt_peer_identity"

@@ -1,28 +1,33 @@
 """The management plane's reach to the other nodes (ListAgents, GetAgent, WatchEvents and the
 broadcast's targets). A peer that does not answer within `PEER_CALL_TIMEOUT_S` is left out of
-the answer (its link is not judged here: the membership probe does that)."""
+the answer (its link is not judged here: the membership probe does that).
+
+The links are the cluster's (gateway/cluster/transport.py `PeerLink`, read from the
+`cluster_links` table); this module needs only the two calls of `PeerCalls`, so the cluster,
+which serves its peers' management calls with this plane's handlers, sits above it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from google.protobuf import empty_pb2
 from google.protobuf.message import Message
 
 from actors.cluster.api import connected_links
+from gateway.config.cluster_seeds import PeerAddr
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 
 if TYPE_CHECKING:
     from actors.agents.watch import Watcher
-    from gateway.cluster.transport import PeerLink
     from supervisors.runtime import LoopSystemBase
 
 __all__ = [
     "PEER_CALL_TIMEOUT_S",
+    "PeerCalls",
     "cluster_held_ids",
     "merge_pages",
     "peer_agent",
@@ -40,10 +45,22 @@ WATCH_PEER_CHECK_S = 1.0
 M = TypeVar("M", bound=Message)
 
 
+class PeerCalls(Protocol):
+    """What this module asks of a link to a peer (module doc)."""
+
+    addr: PeerAddr
+
+    async def unary(self, method: str, request: Message, reply: type[M], timeout: float) -> M: ...
+
+    def stream(
+        self, method: str, request: Message, reply: type[M], timeout: float | None
+    ) -> AsyncIterator[M]: ...
+
+
 async def _ask_all(
-    links: Sequence[PeerLink], method: str, request: Message, reply: type[M]
+    links: Sequence[PeerCalls], method: str, request: Message, reply: type[M]
 ) -> list[M]:
-    async def one(link: PeerLink) -> M | None:
+    async def one(link: PeerCalls) -> M | None:
         try:
             return await link.unary(method, request, reply, PEER_CALL_TIMEOUT_S)
         except Exception as exc:
@@ -55,7 +72,7 @@ async def _ask_all(
 
 
 async def peer_pages(
-    links: Sequence[PeerLink], request: mgmt.ListAgentsRequest
+    links: Sequence[PeerCalls], request: mgmt.ListAgentsRequest
 ) -> list[mgmt.ListAgentsResponse]:
     return await _ask_all(links, "ListAgents", request, mgmt.ListAgentsResponse)
 
@@ -76,19 +93,19 @@ def merge_pages(pages: Sequence[mgmt.ListAgentsResponse], limit: int) -> mgmt.Li
 
 
 async def peer_agent(
-    links: Sequence[PeerLink], request: mgmt.GetAgentRequest
+    links: Sequence[PeerCalls], request: mgmt.GetAgentRequest
 ) -> mgmt.GetAgentResponse | None:
     found = await _ask_all(links, "GetAgent", request, mgmt.GetAgentResponse)
     return found[0] if found else None
 
 
-async def cluster_held_ids(links: Sequence[PeerLink]) -> list[str]:
+async def cluster_held_ids(links: Sequence[PeerCalls]) -> list[str]:
     """Every agent id the peers hold (a broadcast's targets beyond this node)."""
     answers = await _ask_all(links, "HeldAgents", empty_pb2.Empty(), mgmt.WatchEventsRequest)
     return [agent_id for answer in answers for agent_id in answer.agent_ids]
 
 
-async def _relay_one(link: PeerLink, request: mgmt.WatchEventsRequest, watcher: Watcher) -> None:
+async def _relay_one(link: PeerCalls, request: mgmt.WatchEventsRequest, watcher: Watcher) -> None:
     with contextlib.suppress(Exception):
         async for event in link.stream("WatchEvents", request, mgmt.AgentEvent, None):
             watcher.offer(event)

@@ -13,6 +13,12 @@ from gateway.config.keys import upstream
 from gateway.config.loader import PROJECT_ROOT, load_config
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import parse_term
+from gateway.config.upstream_client import (
+    CONNECT_TIMEOUT_MS_DEFAULT,
+    MAX_RECEIVE_DEFAULT,
+    ClientSpec,
+    parse_client_config,
+)
 from gateway.node.boot import prepare
 from gateway.upstream import tls_files
 from gateway.upstream.boot_check import (
@@ -21,12 +27,6 @@ from gateway.upstream.boot_check import (
     UNUSABLE_UPSTREAM_TLS_FILE,
     UNVERIFIED_UPSTREAM_TLS,
     check_at_boot,
-)
-from gateway.upstream.client_config import (
-    CONNECT_TIMEOUT_MS_DEFAULT,
-    MAX_RECEIVE_DEFAULT,
-    ClientSpec,
-    parse_client_config,
 )
 from gateway.upstream.tls_context import build_context, server_hostname
 from tests.support.certs import write_pki

@@ -20,9 +20,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gateway.config.refusal import BootRefused
-from gateway.config.resolve import CONFIG_LOGGER
-from gateway.listeners.spec import (
+from gateway.config.listener_spec import (
     AGENT_PROTO,
     AGENT_SERVICE,
     MAX_PORT,
@@ -30,6 +28,8 @@ from gateway.listeners.spec import (
     ListenerSpec,
     check_unique,
 )
+from gateway.config.refusal import BootRefused
+from gateway.config.resolve import CONFIG_LOGGER
 
 log = logging.getLogger(CONFIG_LOGGER)
 

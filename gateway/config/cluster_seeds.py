@@ -4,8 +4,8 @@ An entry with a port names one node. An entry without one, like an A record of t
 names a host, and a host runs its nodes on consecutive cluster ports (`rel/yuzu_gw start
 --nodes N`: node k on the configured port + k - 1), so it names every node of it: the ports of
 this node's own host stand for theirs (`host_ports`), one port when a host runs one node. The
-config key (gateway/config/keys/cluster.py) checks the host; this module imports nothing of the
-config, so the key can use it."""
+config key (gateway/config/keys/cluster.py) checks the host with `parse_seed`; membership and
+the transport (gateway/cluster/) use the rest."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def parse_seed(entry: str, default_port: int) -> PeerAddr:
 
 def host_ports(port: int, index: int, count: int) -> tuple[int, ...]:
     """The cluster ports of every node of a host running `count` nodes, from node `index`'s own
-    `port` (gateway/release/plan.py offsets node k's by k - 1)."""
+    `port` (gateway/node/multinode.py offsets node k's by k - 1)."""
     first = port - (index - 1)
     return tuple(range(first, first + count))
 

@@ -17,8 +17,8 @@ The seed's order ("YUZU_GW_ADVERTISE_ADDR"), first success wins:
 4. 127.0.0.1, the single-node default.
 
 Pure: the resolver, the interface addresses and the host name are passed in
-(gateway/cluster/local_host.py reads the real ones). Imports nothing of the gateway, so
-gateway/config/vm_args.py can name the variable.
+(gateway/config/local_host.py reads the real ones), so gateway/config/vm_args.py can name
+the variable without a cycle.
 """
 
 from __future__ import annotations

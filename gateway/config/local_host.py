@@ -1,4 +1,4 @@
-"""The shell of the advertise address (gateway/cluster/advertise.py): what this host knows of
+"""The shell of the advertise address (gateway/config/advertise.py): what this host knows of
 itself, read for real, and `advertise_node`, which boot calls (gateway/config/loader.py) for a
 node name that leaves its host to the advertise address.
 
@@ -17,16 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attrs
 
-from gateway.cluster.advertise import LocalHost, Resolve, choose
-from gateway.cluster.seeds import DEFAULT_CLUSTER_PORT, parse_seed
-
-if TYPE_CHECKING:
-    # Boot's loader imports this module: nothing of gateway.config at run time.
-    from gateway.config.vm_args import NodeArgs
+from gateway.config.advertise import LocalHost, Resolve, choose
+from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, parse_seed
+from gateway.config.vm_args import NodeArgs
 
 __all__ = ["advertise_node", "bounded_resolver", "local_ipv4_addrs", "parse_fib_trie"]
 

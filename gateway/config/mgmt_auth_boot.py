@@ -37,11 +37,10 @@ import attrs
 from cryptography import x509
 
 from actors.core import LogLine
+from gateway.config.certs import PemError, install_identity, pem_blocks
+from gateway.config.listener_spec import ListenerSpec
+from gateway.config.mgmt_auth_settings import DeniedSerial, Mode, Pin
 from gateway.config.refusal import BootRefused
-from gateway.listeners.spec import ListenerSpec
-from gateway.mgmt.auth.certs import PemError, install_identity, pem_blocks
-from gateway.mgmt.auth.reasons import Mode
-from gateway.mgmt.auth.settings import DeniedSerial, Pin
 
 __all__ = [
     "IDENTITY_AMBIGUOUS",

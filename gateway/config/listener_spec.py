@@ -9,8 +9,8 @@ agent edge to mutual TLS", "TLS posture (M1)"; seed 001's go-away for `overload_
 - Every defect refuses boot with a `BootRefused` whose term names it; the detail names the
   entry and the key, never a value that could be a path or a secret.
 - This module sees one config term. Rules that need another key (`allow_no_listeners`) or
-  the environment (`YUZU_GW_AGENT_PORT`) are in `overrides.py`; rules that need the handler
-  objects (`bad_routes` for an unknown module) are in `tree.py`.
+  the environment (`YUZU_GW_AGENT_PORT`) are in `listener_overrides.py`; rules that need the
+  handler objects (`bad_routes` for an unknown module) are in gateway/listeners/tree.py.
 
 Defect terms, checked in this order for each entry:
 
@@ -47,16 +47,10 @@ import attrs
 from actors.core.overload_goaway import Watermarks, WatermarksRefused
 from gateway.config.closed import CONFIG_SHAPE, closed_map
 from gateway.config.converters import BadValue, text_of
+from gateway.config.origin_sources import IPAddress, IPNetwork, MappedPrefixTooShort, Mode, Sources
 from gateway.config.redact import shown_value
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import Atom, ExternalFun, Term, format_atom
-from gateway.listeners.origin import (
-    IPAddress,
-    IPNetwork,
-    MappedPrefixTooShort,
-    Mode,
-    Sources,
-)
 
 log = logging.getLogger("yuzu_gw.listeners")
 

@@ -1,186 +1,35 @@
-"""A fake Yuzu server: the ``yuzu.gateway.v1.GatewayUpstream`` service on grpcio's asyncio server.
-
-The gateway is a grpclib client of this service; the fake runs on grpcio (Google's C-core, the
-stack of the real C++ server), so tests check interoperability against code the project did
-not write. It is part of the product for the dev stack (``rel/yuzu_gw devstack``) and needs
-grpcio, the ``dev`` extra; the gateway itself never imports it. It runs in the caller's event
-loop::
-
-    async with FakeUpstream() as fake:           # 127.0.0.1, a free port
-        gateway_config["upstream"] = fake.address
-        fake.fail("ProxyRegister", grpc.StatusCode.UNAVAILABLE, times=2)
-        ...
-        [call] = await fake.wait_for_calls("NotifyStreamStatus")
-        assert call.request.event == CONNECTED
-
-or standalone, for a dev stack::
-
-    python -m gateway.devstack.fake_upstream --port 50055 [--latency-ms ProxyRegister=200 ...]
-        [--tls-dir DIR] [--max-streams N] [--verbose]
-
-Standalone, it runs on uvloop where uvloop installs (as the node does): grpcio's asyncio server
-then costs about 15% less CPU per call (docs/upstream-calls.md, "What a call costs"), and the
-benchmarks that run it beside the gateway measure the gateway rather than the fake.
-
-How an RPC is answered, in order (every step can be changed while the server runs):
-
-1. it is recorded (:meth:`FakeUpstream.calls`), with its metadata, deadline and peer;
-2. it waits while its method is frozen (:meth:`FakeUpstream.freeze`), then for its latency;
-3. the next scripted outcome of its method, if any (:meth:`FakeUpstream.script`), else the
-   method's rule (:meth:`FakeUpstream.set_rule`) if it gives an outcome;
-4. else the default behaviour, modelled on the server (docs/testing.md, "The fake server").
-
-The fake keeps two session tables: ``sessions`` (the server's in-memory registry, emptied by
-:meth:`restart`) and the route directory (durable, survives a restart), so that after a restart
-heartbeats are still acknowledged but their sessions are listed in ``unknown_session_ids``.
-"""
+"""The fake Yuzu server itself (`FakeUpstream`); the package docstring says how it answers."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import enum
-import secrets
-import signal
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
-from google.protobuf.message import Message
 
-from gateway.devstack.pki import ensure_pki
+from gateway.devstack.fake_upstream.records import (
+    MAX_LISTED_ID_BYTES,
+    METHODS,
+    SERVICE,
+    SESSION_METADATA_KEY,
+    UNKNOWN_CAP,
+    Call,
+    Fault,
+    Outcome,
+    Presented,
+    ServerTls,
+    Sessions,
+    check_methods,
+    mint_session_id,
+    trailers_of,
+)
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
-
-SERVICE = "yuzu.gateway.v1.GatewayUpstream"
-
-#: method name -> (request class, response class)
-METHODS: dict[str, tuple[type[Message], type[Message]]] = {
-    "ProxyRegister": (agent_pb2.RegisterRequest, agent_pb2.RegisterResponse),
-    "BatchHeartbeat": (gateway_pb2.BatchHeartbeatRequest, gateway_pb2.BatchHeartbeatResponse),
-    "ProxyInventory": (agent_pb2.InventoryReport, agent_pb2.InventoryAck),
-    "NotifyStreamStatus": (gateway_pb2.StreamStatusNotification, gateway_pb2.StreamStatusAck),
-    "ForwardGuardianMessage": (gateway_pb2.ForwardGuardianRequest, gateway_pb2.ForwardGuardianAck),
-}
-
-SESSION_METADATA_KEY = "x-yuzu-session-id"
-SESSION_PREFIX = "gw-session-"
-UNKNOWN_CAP = 4096  # the server lists at most this many unknown session ids
-MAX_LISTED_ID_BYTES = 64  # longer (and empty) ids are never listed
-
-
-class _KeyPair(Protocol):
-    @property
-    def cert_pem(self) -> bytes: ...
-
-    @property
-    def key_pem(self) -> bytes: ...
-
-
-class ServerTls(Protocol):
-    """What the fake reads of a PKI: the server leaf it presents and the CA it trusts for client
-    certificates (the dev stack's `DevPki` and the tests' `Pki` both have them)."""
-
-    @property
-    def server(self) -> _KeyPair: ...
-
-    @property
-    def ca_cert_pem(self) -> bytes: ...
-
-
-def method_path(method: str) -> str:
-    """The gRPC path of a method, ``/yuzu.gateway.v1.GatewayUpstream/<method>``."""
-    return f"/{SERVICE}/{method}"
-
-
-def mint_session_id() -> str:
-    """A session id as the server mints them: ``gw-session-`` and 32 lowercase hex."""
-    return SESSION_PREFIX + secrets.token_hex(16)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A gRPC error to answer with: status code, details and trailing metadata."""
-
-    code: grpc.StatusCode
-    details: str = ""
-    trailers: tuple[tuple[str, str | bytes], ...] = ()
-
-
-#: What a call can be answered with: an error, or a response message of the method's type.
-Outcome = Fault | Message
-
-
-class Presented(enum.Enum):
-    """How ProxyRegister treats a session presented in ``x-yuzu-session-id``."""
-
-    ADOPT = "adopt"  # answer accepted=true with that session id
-    REFUSE = "refuse"  # answer accepted=false with the configured reason
-    SUPERSEDED = "superseded"  # fail with FAILED_PRECONDITION
-
-
-@dataclass
-class Call:
-    """One RPC the fake received. ``code`` is None until it is answered."""
-
-    method: str
-    request: Any  # the parsed request message
-    metadata: dict[str, str | bytes]  # invocation metadata, last value per key
-    received_at: float  # time.monotonic()
-    peer: str  # e.g. "ipv4:127.0.0.1:51234"
-    deadline: float | None  # seconds left of the client's deadline on arrival; None: none
-    code: grpc.StatusCode | None = None  # OK, the scripted status, or CANCELLED
-    response: Any = None  # the response message sent, when OK
-    answered_at: float | None = None
-
-
-class _Sessions:
-    """session id <-> agent id, one session per agent (a newer one supersedes the older)."""
-
-    def __init__(self) -> None:
-        self.by_session: dict[str, str] = {}
-        self.by_agent: dict[str, str] = {}
-
-    def bind(self, session_id: str, agent_id: str) -> None:
-        self.drop(session_id)
-        old = self.by_agent.get(agent_id)
-        if old is not None:
-            del self.by_session[old]
-        self.by_session[session_id] = agent_id
-        self.by_agent[agent_id] = session_id
-
-    def drop(self, session_id: str) -> None:
-        agent_id = self.by_session.pop(session_id, None)
-        if agent_id is not None and self.by_agent.get(agent_id) == session_id:
-            del self.by_agent[agent_id]
-
-    def clear(self) -> None:
-        self.by_session.clear()
-        self.by_agent.clear()
-
-
-def _check_methods(methods: Iterable[str]) -> tuple[str, ...]:
-    methods = tuple(methods)
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown GatewayUpstream method {m!r}; one of {sorted(METHODS)}")
-    return methods or tuple(METHODS)
-
-
-def _trailers(
-    trailers: Mapping[str, str | bytes] | Sequence[tuple[str, str | bytes]] | None,
-) -> tuple[tuple[str, str | bytes], ...]:
-    if not trailers:
-        return ()
-    items = trailers.items() if isinstance(trailers, Mapping) else trailers
-    return tuple((k, v) for k, v in items)
 
 
 class FakeUpstream:
@@ -215,8 +64,8 @@ class FakeUpstream:
         self._rules: dict[str, Callable[[Call], Outcome | None]] = {}
         self._thawed: dict[str, asyncio.Event] = {}
         # server state
-        self._memory = _Sessions()  # the in-memory registry (lost on restart)
-        self._directory = _Sessions()  # the durable route directory
+        self._memory = Sessions()  # the in-memory registry (lost on restart)
+        self._directory = Sessions()  # the durable route directory
         self.presented_known = Presented.ADOPT
         self.presented_unknown = Presented.ADOPT
         self.presented_reason = "presented session not accepted"
@@ -311,12 +160,12 @@ class FakeUpstream:
 
     def set_latency(self, seconds: float, *methods: str) -> None:
         """Delay answers of ``methods`` (all when none named) by ``seconds``; 0 removes it."""
-        for m in _check_methods(methods):
+        for m in check_methods(methods):
             self._latency[m] = seconds
 
     def script(self, method: str, *outcomes: Outcome) -> None:
         """Queue outcomes for the next calls of ``method``, one per call, in order."""
-        _check_methods([method])
+        check_methods([method])
         self._queues[method].extend(outcomes)
 
     def fail(
@@ -330,7 +179,7 @@ class FakeUpstream:
     ) -> Fault:
         """Fail the next ``times`` calls of ``method`` with ``code`` (``times=None``: always,
         as a rule). Trailing metadata such as ``{"grpc-retry-pushback-ms": "500"}`` is sent."""
-        fault = Fault(code, details, _trailers(trailers))
+        fault = Fault(code, details, trailers_of(trailers))
         if times is None:
             self.set_rule(method, lambda _call: fault)
         else:
@@ -340,7 +189,7 @@ class FakeUpstream:
     def set_rule(self, method: str, rule: Callable[[Call], Outcome | None] | None) -> None:
         """A function of each call (after the scripted queue is empty) that returns an outcome,
         or None for the default behaviour. ``rule=None`` removes it."""
-        _check_methods([method])
+        check_methods([method])
         if rule is None:
             self._rules.pop(method, None)
         else:
@@ -348,7 +197,7 @@ class FakeUpstream:
 
     def reset_script(self, *methods: str) -> None:
         """Drop scripted outcomes and rules (of ``methods``, or all)."""
-        for m in _check_methods(methods):
+        for m in check_methods(methods):
             self._queues[m].clear()
             self._rules.pop(m, None)
 
@@ -356,12 +205,12 @@ class FakeUpstream:
         """Accept calls of ``methods`` (all when none named) and answer none until unfrozen.
         A frozen call ends only when unfrozen, cancelled by the client (its deadline) or when
         the server stops."""
-        for m in _check_methods(methods):
+        for m in check_methods(methods):
             self._thawed.setdefault(m, asyncio.Event()).clear()
 
     def unfreeze(self, *methods: str) -> None:
         """Let frozen calls of ``methods`` (all when none named) go on to be answered."""
-        for m in _check_methods(methods):
+        for m in check_methods(methods):
             if m in self._thawed:
                 self._thawed.pop(m).set()
 
@@ -448,7 +297,7 @@ class FakeUpstream:
     def calls(self, method: str | None = None) -> list[Call]:
         """Calls received so far (of ``method``, or all), oldest first."""
         if method is not None:
-            _check_methods([method])
+            check_methods([method])
         return [c for c in self._calls if method is None or c.method == method]
 
     def requests(self, method: str) -> list[Any]:
@@ -602,92 +451,3 @@ class FakeUpstream:
 
     def _guardian(self, call: Call) -> Outcome:
         return gateway_pb2.ForwardGuardianAck(acknowledged=True)
-
-
-# -------------------------------------------------------------------- standalone
-
-
-def _parse_latency(items: list[str]) -> dict[str, float]:
-    latency: dict[str, float] = {}
-    for item in items:
-        method, sep, ms = item.partition("=")
-        if not sep or (method != "*" and method not in METHODS):
-            raise argparse.ArgumentTypeError(f"--latency-ms {item!r}: want METHOD=MS or *=MS")
-        try:
-            latency[method] = float(ms) / 1000.0
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--latency-ms {item!r}: MS is not a number") from None
-    return latency
-
-
-async def _main(args: argparse.Namespace) -> None:
-    tls: ServerTls | None = None
-    if args.tls_dir:
-        tls = ensure_pki(Path(args.tls_dir))
-
-    def log(call: Call) -> None:
-        print(f"{call.method} from {call.peer}", file=sys.stderr, flush=True)
-
-    fake = FakeUpstream(
-        tls=tls,
-        max_concurrent_streams=args.max_streams,
-        on_call=log if args.verbose else None,
-    )
-    for method, seconds in _parse_latency(args.latency_ms).items():
-        fake.set_latency(seconds, *(() if method == "*" else (method,)))
-    port = await fake.start(args.host, args.port)
-    where = f"{args.host}:{port}"
-    mode = f"tls (certificates in {Path(args.tls_dir).resolve()})" if tls else "plaintext"
-    print(f"fake upstream listening on {where} ({mode})", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    try:
-        await stopping.wait()
-    finally:
-        await fake.stop()
-    print("fake upstream stopped", flush=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m gateway.devstack.fake_upstream",
-        description="A fake Yuzu server (GatewayUpstream) on grpcio, for a dev stack.",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50055)
-    parser.add_argument(
-        "--latency-ms",
-        action="append",
-        default=[],
-        metavar="METHOD=MS",
-        help="delay answers of METHOD (or * for all) by MS milliseconds; repeatable",
-    )
-    parser.add_argument(
-        "--tls-dir",
-        help="serve TLS requiring client certificates; the CA and leaves are read "
-        "from DIR (ca.pem, server.pem/.key, gateway.pem/.key: the dev stack's), or created "
-        "there when absent",
-    )
-    parser.add_argument("--max-streams", type=int, help="SETTINGS_MAX_CONCURRENT_STREAMS")
-    parser.add_argument("--verbose", action="store_true", help="log every call to stderr")
-    args = parser.parse_args(argv)
-    try:
-        _parse_latency(args.latency_ms)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
-    _run_loop(_main(args))
-
-
-def _run_loop(main: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop  # noqa: PLC0415  (optional: a cheaper loop where it installs)
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(main)
-        return
-    uvloop.run(main)
-
-
-if __name__ == "__main__":
-    main()
