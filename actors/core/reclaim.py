@@ -9,6 +9,11 @@ with at most one thing to do:
   same size is needed for another pass;
 - `RunPass("followup")` at the first reading `followup_s` after a drop pass: the count falls
   before the closed connections' buffers and objects have gone;
+- `RunPass("shedding")` while the memory shedder sheds, at the first reading and then whenever
+  no pass has run for `followup_s`. The shedder samples RssAnon, and what Python frees does not
+  lower it by itself (garbage in reference cycles until a full collection, glibc's free pages
+  until malloc_trim; measured, issue 21 §2), so without these passes a node whose memory in use
+  fell under the low-water mark could stay shedding for as long as its agent count held;
 - `RunTrim()` (give the C allocator's free pages back, no collection) every `trim_interval_s`
   (None: never). A pass trims too, so it restarts that interval.
 
@@ -45,7 +50,7 @@ class ReclaimPolicy:
 class RunPass:
     """Collect garbage, then trim; log one line. `agents` is the count that triggered it."""
 
-    kind: Literal["drop", "followup"]
+    kind: Literal["drop", "followup", "shedding"]
     agents: int
 
 
@@ -67,6 +72,7 @@ class Reclaim:
     next_trim_at: float | None
     peak: int = 0
     followup_at: float | None = None
+    last_pass_at: float | None = None
     busy: bool = False
 
     @classmethod
@@ -74,7 +80,8 @@ class Reclaim:
         """The first periodic trim is due one interval after the start."""
         return cls(policy, _trim_after(policy, now))
 
-    def observe(self, agents: int, now: float) -> list[Effect]:
+    def observe(self, agents: int, now: float, shedding: bool = False) -> list[Effect]:
+        """`shedding`: the memory shedder's published verdict at this reading."""
         self.peak = max(self.peak, agents)
         if self.busy:
             return []
@@ -85,12 +92,18 @@ class Reclaim:
         if self.followup_at is not None and now >= self.followup_at:
             self.followup_at = None
             return self._start(RunPass("followup", agents), now)
+        if shedding and (
+            self.last_pass_at is None or now - self.last_pass_at >= self.policy.followup_s
+        ):
+            return self._start(RunPass("shedding", agents), now)
         if self.next_trim_at is not None and now >= self.next_trim_at:
             return self._start(RunTrim(), now)
         return []
 
     def _start(self, effect: Effect, now: float) -> list[Effect]:
         self.busy = True
+        if isinstance(effect, RunPass):
+            self.last_pass_at = now
         self.next_trim_at = _trim_after(self.policy, now)
         return [effect]
 

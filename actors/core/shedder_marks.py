@@ -13,6 +13,8 @@ Theory of operation.
   never work: not positive, at or above the limit, or the low mark not below the high mark.
 - `Shedder.sample` is the hysteresis: shedding starts when memory in use is at or above the high
   mark and ends when it is at or below the low mark; a sample between the marks changes nothing.
+  The sample (RssAnon) keeps what Python freed until a collection and a trim give it back, so
+  mem_reclaim runs passes while the node sheds (actors/core/reclaim.py, `RunPass("shedding")`).
 - The listeners' state is level-triggered: `reconcile` compares each agent listener's published
   state with the one shedding wants (`suspended` while shedding, else `running`) and asks for a
   `Command` for each one that differs and has no command in flight. So a listener that restarts

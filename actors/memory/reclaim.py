@@ -13,6 +13,12 @@ table, no message) and performs what the core answers:
   RssAnon before and after;
 - a periodic trim: `malloc_trim(0)` alone, logged at debug.
 
+It also reads the memory shedder's verdict (its `memory_shedder` table, no message): while the
+node sheds, a pass runs at once and then whenever none has run for `followup_ms`, so the
+RssAnon the shedder samples falls with memory in use and the node can leave shedding without
+an agent-count drop (issue 21 §2). These passes are this gateway's own: the seed's
+mem_reclaim runs only after a drop.
+
 `malloc_trim` exists only in glibc. Where it does not (musl, the Alpine image; macOS; Windows) the
 first pass logs `gateway memory reclaim: malloc_trim unavailable (...); garbage collection only`
 and there is no periodic trim. There is no metric (the seed has none). It runs in its own actor,
@@ -35,7 +41,7 @@ import attrs
 from thespian.actors import WakeupMessage
 
 from actors.core.reclaim import Reclaim, ReclaimPolicy, RunPass, RunTrim
-from actors.memory.api import RECLAIM_LOGGER
+from actors.memory.api import RECLAIM_LOGGER, shedding_now
 from actors.registry.api import AGENTS_TABLE
 from supervisors.errors import TableGone
 from supervisors.messages import WorkerDone
@@ -142,7 +148,7 @@ class MemReclaimActor(Process):
         agents = agent_count(self.runtime)
         if agents is None:
             return
-        for effect in self.core.observe(agents, self.now()):
+        for effect in self.core.observe(agents, self.now(), shedding_now(self.runtime)):
             match effect:
                 case RunPass(kind=kind, agents=count):
                     self._start_pass(kind, count)

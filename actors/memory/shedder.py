@@ -3,6 +3,8 @@
 Every `interval_ms` it samples the memory in use (`ShedderArgs.read_memory`: RssAnon, read by
 gateway/node/memory_reader.py) and gives it to the core, then brings each agent listener to the
 state the core wants: `Suspend` while shedding, `Resume` otherwise (actors/listeners/api.py).
+RssAnon falls with memory in use only once a collection and malloc_trim give back what Python
+freed: `mem_reclaim` runs those passes while the row published here says shedding.
 Seed, "Node-wide memory load shedding", "What a new agent connection sees while shedding", "When
 a suspend or resume fails"; SPEC_INDEX MS-01..MS-10.
 

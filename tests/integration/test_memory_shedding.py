@@ -20,6 +20,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from actors.memory import reclaim as mem_reclaim
 from gateway.config.refusal import BootRefused
 from gateway.node import memory_reader
 from gateway.node.node import Node
@@ -187,6 +188,54 @@ def test_a_resume_that_cannot_bind_keeps_readyz_red_until_the_port_is_free(
             assert await metric(node, failing) == 0
             total = 'yuzu_gw_memory_shedding_transition_failures_total{action="resume"}'
             assert await metric(node, total) >= 1
+
+    asyncio.run(main())
+
+
+class Allocator:
+    """RssAnon as the allocators make it: it follows memory in use up, but what Python frees
+    stays counted (cycles until a full collection, glibc's free pages until malloc_trim) until
+    mem_reclaim's pass, whose trim is this fake's `trim`."""
+
+    def __init__(self) -> None:
+        self.live = self.rss = 0
+        self.trims = 0
+
+    def use(self, live: int) -> None:
+        self.live, self.rss = live, max(self.rss, live)
+
+    def __call__(self) -> int:
+        return self.rss
+
+    def trim(self) -> int:
+        self.trims += 1
+        given_back, self.rss = self.rss > self.live, self.live
+        return int(given_back)
+
+
+def test_shedding_ends_once_memory_falls_though_the_allocator_kept_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 §2: memory in use falls under the low mark while the agent count does not drop
+    (no drop pass); mem_reclaim's passes while shedding give the allocator's memory back, so
+    the shedder's reading falls and the node resumes."""
+    allocator = Allocator()
+    monkeypatch.setattr(memory_reader, "READER", allocator)
+    monkeypatch.setattr(mem_reclaim, "load_malloc_trim", lambda: (allocator.trim, ""))
+    reclaim = "{mem_reclaim, #{interval_ms => 100, followup_ms => 1000, trim_interval_ms => 0}}"
+    config = write_config(tmp_path, f"{SHEDDING}, {reclaim}")
+
+    async def main() -> None:
+        async with running_node(tmp_path, YUZU_GW_CONFIG=str(config)) as node:
+            port = agent_port(node)
+            allocator.use(HIGH)
+            await until(lambda: refused(port), "the agent port to refuse")
+            allocator.use(LOW - 1)  # freed, but still counted in RssAnon
+            assert allocator() == HIGH
+            await until(lambda: _ready(node), "/readyz to turn ready", timeout=10.0)
+            assert not await refused(port)
+            assert allocator.trims >= 1
+            assert await metric(node, "yuzu_gw_memory_shedding_active") == 0
 
     asyncio.run(main())
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import platform
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from actors.core.reclaim import (
     dropped_enough,
 )
 from actors.memory import reclaim as mem_reclaim
-from actors.memory.api import RECLAIM_NAME
+from actors.memory.api import RECLAIM_NAME, SHEDDER_NAME, SHEDDING_ROW
 from actors.memory.reclaim import MemReclaimActor, agent_count, load_malloc_trim
 from actors.registry.api import AGENTS_TABLE
 from gateway.config.config import Config
@@ -112,41 +113,52 @@ def test_nothing_starts_while_busy_and_what_came_due_runs_after() -> None:
 @settings(max_examples=300)
 @given(
     st.lists(
-        st.tuples(st.integers(0, 6000), st.floats(0, 120, allow_nan=False), st.booleans()),
+        st.tuples(
+            st.integers(0, 6000),
+            st.floats(0, 120, allow_nan=False),
+            st.booleans(),
+            st.booleans(),
+        ),
         max_size=80,
     )
 )
-def test_passes_and_trims_against_a_model(steps: list[tuple[int, float, bool]]) -> None:
+def test_passes_and_trims_against_a_model(steps: list[tuple[int, float, bool, bool]]) -> None:
     """A drop pass exactly when (and as soon as) the count is down a quarter and 1,000 from
-    the peak since the last one; a followup only `followup_s` after a drop; trims at least
+    the peak since the last one; a followup only `followup_s` after a drop; a shedding pass
+    exactly when the shedder sheds and no pass ran for `followup_s`; trims at least
     `trim_interval_s` after the last trim or pass."""
     core = Reclaim.started(POLICY, 0)
     now, peak, busy = 0.0, 0, False
     last_drop: float | None = None
+    last_pass: float | None = None
     followup_due = False
     last_trim = 0.0
-    for agents, dt, finish in steps:
+    for agents, dt, finish, shedding in steps:
         now += dt
         peak = max(peak, agents)
-        effects = core.observe(agents, now)
+        effects = core.observe(agents, now, shedding)
         assert len(effects) <= 1
+        followup_now = (
+            followup_due and last_drop is not None and now - last_drop >= POLICY.followup_s
+        )
         if busy:
             assert effects == []
         elif dropped_enough(peak, agents):
             assert effects == [RunPass("drop", agents)]
             peak, last_drop, followup_due = agents, now, True
+        elif followup_now:
+            assert effects == [RunPass("followup", agents)]
+            followup_due = False
+        elif shedding and (last_pass is None or now - last_pass >= POLICY.followup_s):
+            assert effects == [RunPass("shedding", agents)]
         elif effects:
-            [effect] = effects
-            if isinstance(effect, RunPass):
-                assert effect.kind == "followup" and followup_due
-                assert last_drop is not None and now - last_drop >= POLICY.followup_s
-                followup_due = False
-            else:
-                assert isinstance(effect, RunTrim)
-                assert POLICY.trim_interval_s is not None
-                assert now - last_trim >= POLICY.trim_interval_s
+            assert effects == [RunTrim()]
+            assert POLICY.trim_interval_s is not None
+            assert now - last_trim >= POLICY.trim_interval_s
         if effects:
             busy, last_trim = True, now
+            if isinstance(effects[0], RunPass):
+                last_pass = now
         if finish and busy:
             core.finished()
             busy = False
@@ -189,9 +201,9 @@ def reclaim_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 PASS_LINE = re.compile(
-    r"gateway memory reclaim: #\{pass => (drop|followup), agents => (\d+), gc_objects => \d+,"
-    r" trim => (true|false|unavailable), rss_anon_kb_before => \d+, rss_anon_kb_after => \d+,"
-    r" ms => \d+\}"
+    r"gateway memory reclaim: #\{pass => (drop|followup|shedding), agents => (\d+),"
+    r" gc_objects => \d+, trim => (true|false|unavailable), rss_anon_kb_before => \d+,"
+    r" rss_anon_kb_after => \d+, ms => \d+\}"
 )
 
 
@@ -220,6 +232,40 @@ async def test_a_drop_runs_a_pass_then_a_followup_with_one_line_each(
     assert second is not None and second.group(1, 2) == ("followup", "100")
     expected_trim = "true|false" if load_malloc_trim()[0] is not None else "unavailable"
     assert re.fullmatch(expected_trim, first.group(3))
+
+
+@actor_test
+async def test_passes_run_while_the_shedder_sheds_and_stop_when_it_ends(
+    h: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No drop at all: the shedder's published verdict alone brings a pass, then one every
+    followup_ms while it lasts (issue 21 §2)."""
+    caplog.set_level(logging.INFO, "yuzu_gw.mem_reclaim")
+    await agents_table(h, 10)
+    shedder = h.spawn("shedder")
+
+    def shed(on: bool) -> Callable[[Child], None]:
+        def publish(actor: Child) -> None:
+            table = actor.runtime.table(SHEDDER_NAME)
+            if table is None:
+                table = actor.new_table(SHEDDER_NAME)
+            table.insert(SHEDDING_ROW, on)
+
+        return publish
+
+    await h.call(shedder, shed(False))
+    h.create(MemReclaimActor, reclaim_args(context(tmp_path, FAST)), RECLAIM_NAME)
+    await asyncio.sleep(0.3)
+    assert reclaim_lines(caplog) == []
+    await h.call(shedder, shed(True))
+    await until(lambda: len(reclaim_lines(caplog)) >= 1, timeout=1.0)  # at the next reading
+    await until(lambda: len(reclaim_lines(caplog)) >= 2, timeout=2.0)  # followup_ms later
+    passes = [PASS_LINE.fullmatch(line) for line in reclaim_lines(caplog)]
+    assert [m.group(1, 2) if m else None for m in passes] == [("shedding", "10")] * 2
+    await h.call(shedder, shed(False))
+    seen = len(reclaim_lines(caplog))
+    await asyncio.sleep(1.5)
+    assert len(reclaim_lines(caplog)) == seen
 
 
 @actor_test
