@@ -40,6 +40,7 @@ async def serve(node: Node) -> int:
         ended.cancel()
         return EXIT_STOPPED
     requested.cancel()
+    await node.close()
     return EXIT_STOPPED if ended.result().is_normal else EXIT_TREE_ENDED
 
 

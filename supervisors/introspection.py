@@ -27,7 +27,7 @@ class ActorInfo:
 def info(ref: ActorRef) -> ActorInfo:
     return ActorInfo(
         address=ref.address,
-        cls=type(ref.instance).__name__,
+        cls=ref.kind,
         name=ref.globalName,
         parent=None if ref.parent is None else ref.parent.address,
         children=tuple(ref.children or ()),
@@ -46,7 +46,7 @@ def status(system: LoopSystemBase, target: Address | str) -> Mapping[str, Any]:
     if ref is None:
         raise LookupError(f"no such actor: {target}")
     summary = {
-        "class": type(ref.instance).__name__,
+        "class": ref.kind,
         "name": ref.globalName,
         "mailbox": len(ref.mailbox or ()),
     }
@@ -65,12 +65,8 @@ def tree(system: LoopSystemBase) -> str:
     lines: list[str] = []
 
     def walk(ref: ActorRef, depth: int) -> None:
-        label = ref.globalName or type(ref.instance).__name__
         mailbox = len(ref.mailbox or ())
-        lines.append(
-            f"{'  ' * depth}{label} {ref.address} ({type(ref.instance).__name__},"
-            f" mailbox {mailbox})"
-        )
+        lines.append(f"{'  ' * depth}{ref.label} {ref.address} ({ref.kind}, mailbox {mailbox})")
         children = list((ref.children or {}).values())
         shown = (
             children if len(children) <= TREE_CHILDREN_SHOWN * 2 else children[:TREE_CHILDREN_SHOWN]

@@ -67,6 +67,7 @@ class ActorRef:
         "children",
         "globalName",
         "instance",
+        "kind",
         "mailbox",
         "monitoring",
         "monitors",
@@ -86,7 +87,8 @@ class ActorRef:
         self.system = system
         self.address = address
         self.parent = parent
-        self.instance = instance
+        self.instance: Actor | None = instance
+        self.kind = type(instance).__name__
         self.globalName: str | None = None
         self.trap_exit: bool = getattr(instance, "trap_exit", False)
         self.scheduled = False
@@ -113,7 +115,7 @@ class ActorRef:
     @property
     def label(self) -> str:
         """What logs call this actor: its registered name, else its class."""
-        return self.globalName or type(self.instance).__name__
+        return self.globalName or self.kind
 
     # -- thespian's ActorRef surface -------------------------------------------------
     def createActor(
@@ -233,6 +235,8 @@ class LoopSystemBase:
             raise InitFailed(reason) from None
         finally:
             self.current = previous
+            if not ref.alive:  # it ended itself in `init`: see `_release`
+                ref.instance = None
         return address
 
     # -- sending ---------------------------------------------------------------------
@@ -321,6 +325,7 @@ class LoopSystemBase:
                 turn += 1
                 self._deliver(ref, msg, sender)
                 if ref.mailbox is not mailbox:  # the actor ended while handling it
+                    ref.instance = None  # kept while its own code ran: see `_release`
                     break
             delivered += turn
             if ref.mailbox is mailbox and mailbox:
@@ -416,7 +421,12 @@ class LoopSystemBase:
             crash_log.error("exit hook raised: %s", ExitReason.crash(exc))
 
     def _release(self, ref: ActorRef) -> None:
-        """Cancel what the actor owned: timers, workers, tables, its name."""
+        """Cancel what the actor owned: timers, workers, tables, its name; drop its instance,
+        whose `_myRef` points back here, so reference counting frees both (and what the
+        actor held) now rather than at the next full collection. An actor ending itself
+        keeps it until its handler returns: its code may still read it (the log filter)."""
+        if self.current is not ref:
+            ref.instance = None
         if ref.timers:
             for handle in ref.timers:
                 handle.cancel()

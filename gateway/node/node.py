@@ -101,8 +101,7 @@ class Node:
         runtime, root = self.runtime, self.root
         if runtime is None or root is None:
             return SHUTDOWN
-        for task in self._tasks:
-            await task.stop()
+        await self._stop_tasks()
         budget = self.ctx.config[SHUTDOWN_FLUSH_BUDGET_MS] / 1000
         deadline = runtime.loop.time() + budget
         for step in self.prep_stop:
@@ -114,9 +113,23 @@ class Node:
             except TimeoutError:
                 log.warning("planned stop: a step did not finish within the budget")
         reason = await runtime.stop(root, None)
+        self._release(runtime)
+        log.info("node %s stopped", self.name)
+        return reason
+
+    async def close(self) -> None:
+        """After the tree ended on its own (the root gave up): release what `stop` would,
+        so no stale pid file says the node still runs."""
+        await self._stop_tasks()
+        if self.runtime is not None:
+            self._release(self.runtime)
+
+    async def _stop_tasks(self) -> None:
+        for task in self._tasks:
+            await task.stop()
+
+    def _release(self, runtime: LoopSystemBase) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
-        log.info("node %s stopped", self.name)
         if self._redaction is not None:
             self._redaction.release(runtime)
-        return reason
