@@ -10,7 +10,9 @@ module only does the I/O and the timers:
   shutdown flush's deadline); its `WorkerDone` becomes the chunk's `Outcome` (no channel, a
   timeout, an exception: transient);
 - a flush never feeds the circuit breaker (`classify` is NEUTRAL for `Lane.HEARTBEAT_FLUSH`), so
-  no result goes to the `upstream` actor;
+  no `Outcome` goes to the `upstream` actor; a failed chunk goes there as `CallFailed`
+  (`call_failed`), which counts it in yuzu_gw_upstream_rpc_errors_total{rpc_name="batch_heartbeat"}
+  and logs its `Upstream RPC BatchHeartbeat ...` line, rate limited, like every other RPC's;
 - `trap_exit`: a planned stop (`ActorExitRequest`) runs the shutdown flush, best effort within
   5 s and 8 chunks, and the actor ends when it is done;
 - `Count` effects go to the two metric families (actors/heartbeat/metrics.py), `LogLine`
@@ -53,6 +55,7 @@ from actors.heartbeat.metrics import HeartbeatMetrics, heartbeat_metrics
 from actors.upstream.api import (
     BATCH_HEARTBEAT,
     UPSTREAM_NAME,
+    CallFailed,
     UpstreamCallError,
     upstream_channel,
 )
@@ -65,7 +68,7 @@ from supervisors.reason import SHUTDOWN, ExitReason
 if TYPE_CHECKING:
     from supervisors.runtime import LoopSystemBase
 
-__all__ = ["HeartbeatBufferActor", "HeartbeatBufferArgs", "outcome_of"]
+__all__ = ["HeartbeatBufferActor", "HeartbeatBufferArgs", "call_failed", "outcome_of"]
 
 log = logging.getLogger("yuzu_gw.heartbeat_buffer")
 
@@ -127,6 +130,17 @@ def outcome_of(done: WorkerDone) -> Outcome:
     return Outcome.TRANSIENT
 
 
+def call_failed(error: BaseException) -> CallFailed:
+    """A failed chunk as the `upstream` actor counts and logs it. The manual: "a marshal failure
+    on the heartbeat buffer's flush is counted as code="exception"" (no encode series exists for
+    batch_heartbeat). Anything else the channel raised is named by its class only: its text may
+    hold the request."""
+    if isinstance(error, UpstreamCallError):
+        kind = ResultKind.EXCEPTION if error.kind is ResultKind.ENCODE else error.kind
+        return CallFailed(BATCH_HEARTBEAT, kind, error.status, error.detail)
+    return CallFailed(BATCH_HEARTBEAT, ResultKind.EXCEPTION, detail=type(error).__name__)
+
+
 class HeartbeatBufferActor(Process):
     trap_exit: ClassVar[bool] = True
 
@@ -173,16 +187,12 @@ class HeartbeatBufferActor(Process):
         self._perform(self.buffer.start_flush(self.now()))
 
     def _on_chunk_done(self, chunk_id: int, count: int, done: WorkerDone) -> None:
-        outcome = outcome_of(done)
-        if outcome is Outcome.OK:
+        error = done.error
+        if error is None:
             self._on_verdict(done.result, count)
-        elif outcome is Outcome.TRANSIENT and not isinstance(done.error, UpstreamCallError):
-            # A defect or an unexpected library error: the class only (its text may hold data).
-            log.warning(
-                "BatchHeartbeat failed with %s; the heartbeats stay buffered",
-                type(done.error).__name__,
-            )
-        self._perform(self.buffer.chunk_result(chunk_id, outcome, self.now()))
+        elif (upstream := self.runtime.whereis(UPSTREAM_NAME)) is not None:
+            self.send(upstream, call_failed(error))  # in its restart gap it goes uncounted
+        self._perform(self.buffer.chunk_result(chunk_id, outcome_of(done), self.now()))
 
     def _on_verdict(self, response: gateway_pb2.BatchHeartbeatResponse, batch: int) -> None:
         """The server's verdict on a chunk of `batch` heartbeats: the sessions it does not hold

@@ -6,10 +6,12 @@ hands every other message to the lane that owns it.
 - The breaker (this module): the `Breaker` core (actors/core/breaker.py) fed with the outcome
   of every upstream call. Request processes do their RPCs themselves (gateway/upstream/calls.py)
   and `tell` their `Outcome`; the lanes below hand theirs to `record`, so the RPC error metric,
-  the failure lines and the breaker see every lane the same way. A timer at the end of each open
-  period moves the breaker to half open on time; the effects are the transition lines (never
-  rate limited), the state published in the protected table `upstream_state` (key `breaker`,
-  read by callers, `/readyz` and metrics without a message) and the breaker metrics.
+  the failure lines and the breaker see every lane the same way. The heartbeat buffer, which
+  never feeds the breaker, tells its failed BatchHeartbeats as `CallFailed`: counted and logged
+  the same way, the breaker untouched. A timer at the end of each open period moves the breaker
+  to half open on time; the effects are the transition lines (never rate limited), the state
+  published in the protected table `upstream_state` (key `breaker`, read by callers, `/readyz`
+  and metrics without a message) and the breaker metrics.
 - Stream-status notifications (actors/upstream/notify.py): `Notify` from the agent owners, the
   held store's workers and timers, the half-open probe (a transition to closed and the breaker's
   ProbeReady start a drain), and the planned-stop flush (`FlushNotifications`, `RaiseNotifyCap`).
@@ -63,6 +65,7 @@ from actors.effects import log_line
 from actors.node.api import StopAdmitting
 from actors.upstream.api import (
     UPSTREAM_NAME,
+    CallFailed,
     ForwardGuardian,
     Notify,
     PresentSession,
@@ -254,6 +257,8 @@ class Upstream(Process):
         match msg:
             case Outcome():
                 self._on_outcome(msg)
+            case CallFailed(method=method, kind=kind, status=status, detail=detail):
+                self._count_and_log(kind, method, status, detail)
             case Notify():
                 self.notify.on_notify(msg)
             case ForwardGuardian():
@@ -397,7 +402,11 @@ class Upstream(Process):
             line = f"Upstream RPC {method} raised {class_and_why(kind, detail_text or '-')}"
             self._warn(line, ("raised", method), now)
         else:
-            self._warn(f"Upstream RPC {method} failed: {code}{detail}", None, now)
+            # Transport, timeout, TLS, HTTP: a dead server fails every call at once, so one line
+            # a second per method and code, with the suppressed count, as the raised line.
+            self._warn(
+                f"Upstream RPC {method} failed: {code}{detail}", ("failed", method, code), now
+            )
 
     def _warn(self, line: str, kind: object, now: float) -> None:
         if kind is None:

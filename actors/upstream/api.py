@@ -121,6 +121,19 @@ class SessionPresented:
     reason: str = ""
 
 
+@attrs.frozen
+class CallFailed:
+    """Tell: a call that never feeds the breaker (the heartbeat flush's BatchHeartbeat) failed.
+    The `upstream` actor counts it in yuzu_gw_upstream_rpc_errors_total and logs its `Upstream
+    RPC` line, rate limited, exactly as it does the other lanes' failures. `detail` is safe to
+    log (`UpstreamCallError.detail`)."""
+
+    method: str
+    kind: ResultKind
+    status: int | None = None
+    detail: str = ""
+
+
 M = TypeVar("M", bound=Message)
 
 

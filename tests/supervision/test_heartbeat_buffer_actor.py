@@ -8,13 +8,16 @@ reaches the channel, the metrics and the planned stop.
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from thespian.actors import ActorExitRequest
 
+from actors.core.breaker import ResultKind
 from actors.core.heartbeat_buffer import HeartbeatBuffer, HeartbeatPolicy
 from actors.heartbeat.api import NAME, BufferHeartbeat
 from actors.heartbeat.buffer import HeartbeatBufferActor
-from actors.upstream.api import CHANNEL_ACTOR_NAME
+from actors.upstream.api import CHANNEL_ACTOR_NAME, UpstreamCallError
 from gateway.config.context import NodeContext
 from gateway.node.children.heartbeat import heartbeat_buffer_args
 from protos.yuzu.agent.v1 import agent_pb2
@@ -24,6 +27,8 @@ from tests.support.actors import Harness, actor_test
 from tests.support.fake_channel import (
     FakeChannel,
     FakeChannelOwner,
+    UpstreamActors,
+    start_upstream_actors,
     status_error,
     upstream_context,
 )
@@ -156,3 +161,105 @@ async def test_a_planned_stop_with_a_frozen_server_ends_at_the_deadline(h: Harne
     await h.wait_until(lambda: not h.alive(actor), timeout=3.0, what="the actor to stop")
     [call] = channel.calls(BATCH)
     assert call.timeout <= 0.2
+
+
+# -- a failed BatchHeartbeat is an upstream RPC error like any other (issue 21) --
+
+ERRORS = "yuzu_gw_upstream_rpc_errors_total"
+UPSTREAM_LOGGER = "yuzu_gw.upstream"
+
+
+def start_with_upstream(
+    h: Harness, channel: FakeChannel, interval_ms: int = 100
+) -> tuple[NodeContext, Address, UpstreamActors]:
+    """The buffer beside the real `upstream` actor, which counts and logs RPC errors."""
+    ctx = upstream_context(f"[{{heartbeat_batch_interval_ms, {interval_ms}}}]")
+    actors = start_upstream_actors(h.create, ctx, channel)
+    return ctx, h.create(HeartbeatBufferActor, heartbeat_buffer_args(ctx), NAME), actors
+
+
+def upstream_lines(caplog: pytest.LogCaptureFixture, method: str = BATCH) -> list[str]:
+    prefix = f"Upstream RPC {method} "
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == UPSTREAM_LOGGER and r.getMessage().startswith(prefix)
+    ]
+
+
+@actor_test
+async def test_a_failed_batch_heartbeat_is_counted_and_logged_once_a_second(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    channel = FakeChannel()
+    channel.fail(BATCH, UpstreamCallError(ResultKind.TRANSPORT, detail="econnrefused"), times=3)
+    ctx, actor, actors = start_with_upstream(h, channel)
+    h.tell(actor, beat(1))
+    await h.wait_until(lambda: h.instance(actor).buffer.delivered_total == 1, what="delivery")
+    await h.settle()
+    # Three failed flushes 100 ms apart: three errors, one line (the others within its second).
+    assert value(ctx, ERRORS, code="transport", rpc_name="batch_heartbeat") == 3
+    assert upstream_lines(caplog) == ["Upstream RPC BatchHeartbeat failed: transport econnrefused"]
+    # A heartbeat flush never feeds the breaker.
+    assert h.instance(actors.upstream).breaker.failures == 0
+
+
+@actor_test
+async def test_a_timed_out_batch_heartbeat_is_counted_with_the_timeout_code(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    channel = FakeChannel()
+    channel.fail(BATCH, UpstreamCallError(ResultKind.TIMEOUT, detail="deadline exceeded"))
+    ctx, actor, _ = start_with_upstream(h, channel)
+    h.tell(actor, beat(1))
+    await h.wait_until(lambda: h.instance(actor).buffer.delivered_total == 1, what="delivery")
+    await h.settle()
+    assert value(ctx, ERRORS, code="timeout", rpc_name="batch_heartbeat") == 1
+    assert upstream_lines(caplog) == [
+        "Upstream RPC BatchHeartbeat failed: timeout deadline exceeded"
+    ]
+
+
+@actor_test
+async def test_a_batch_heartbeat_that_cannot_be_encoded_counts_as_exception(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    channel = FakeChannel()
+    channel.fail(BATCH, UpstreamCallError(ResultKind.ENCODE, detail="request_too_large"))
+    ctx, actor, _ = start_with_upstream(h, channel)
+    h.tell(actor, beat(1))
+    dropped = "yuzu_gw_heartbeat_buffer_dropped_total"
+    await h.wait_until(
+        lambda: value(ctx, dropped, reason="heartbeat_invalid") == 1, what="the drop"
+    )
+    await h.settle()
+    # The manual: "a marshal failure on the heartbeat buffer's flush is counted as
+    # code="exception" and is not covered by the encode alert".
+    assert value(ctx, ERRORS, code="exception", rpc_name="batch_heartbeat") == 1
+    assert value(ctx, ERRORS, code="encode", rpc_name="batch_heartbeat") in (None, 0)
+    assert upstream_lines(caplog) == [
+        "Upstream RPC BatchHeartbeat raised exception:request_too_large"
+    ]
+
+
+@actor_test
+async def test_an_exception_out_of_the_channel_is_counted_by_class_only(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    channel = FakeChannel()
+
+    def boom(_request: object) -> gateway_pb2.BatchHeartbeatResponse:
+        raise RuntimeError("session gw-session-secret")
+
+    channel.script(BATCH, boom)
+    ctx, actor, _ = start_with_upstream(h, channel)
+    h.tell(actor, beat(1))
+    await h.wait_until(lambda: h.instance(actor).buffer.delivered_total == 1, what="delivery")
+    await h.settle()
+    assert value(ctx, ERRORS, code="exception", rpc_name="batch_heartbeat") == 1
+    assert upstream_lines(caplog) == ["Upstream RPC BatchHeartbeat raised exception:RuntimeError"]
+    assert "secret" not in caplog.text

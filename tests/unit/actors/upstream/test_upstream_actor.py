@@ -302,3 +302,41 @@ async def test_a_call_left_by_its_caller_still_reports_its_outcome(
     await asyncio.sleep(0)
     gc.collect()  # its error was retrieved: asyncio has nothing to complain about
     assert "never retrieved" not in caplog.text
+
+
+@actor_test
+async def test_transport_failure_lines_are_limited_to_one_a_second_per_kind(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    # A threshold no storm reaches here: every call is sent and fails on the transport.
+    actors, channel = start(h, "[{circuit_breaker_failure_threshold, 1000}]")
+    refused = UpstreamCallError(ResultKind.TRANSPORT, detail="econnrefused")
+    channel.set_rule("ProxyRegister", refused)
+    started = h.loop.time()
+    for _ in range(100):
+        await failing_register(h, actors)
+    channel.set_rule("ProxyRegister", UpstreamCallError(ResultKind.TIMEOUT, detail="deadline"))
+    for _ in range(10):
+        await failing_register(h, actors)
+    await h.settle()
+    assert h.loop.time() - started < 1.0, "the storm must fit in one limiter interval"
+    lines = [m for _, m in messages(caplog) if m.startswith("Upstream RPC ProxyRegister")]
+    # One line per kind (a method and its failure code) a second...
+    assert lines == [
+        "Upstream RPC ProxyRegister failed: transport econnrefused",
+        "Upstream RPC ProxyRegister failed: timeout deadline",
+    ]
+    errors = "yuzu_gw_upstream_rpc_errors_total"
+    assert sample(actors.ctx.registry, errors, code="transport", rpc_name="register") == 100
+    assert sample(actors.ctx.registry, errors, code="timeout", rpc_name="register") == 10
+    # ...and the next one after the interval says how many were held back.
+    await asyncio.sleep(max(0.0, started + 1.05 - h.loop.time()))
+    channel.set_rule("ProxyRegister", refused)
+    await failing_register(h, actors)
+    await h.settle()
+    lines = [m for _, m in messages(caplog) if m.startswith("Upstream RPC ProxyRegister")]
+    assert lines[-1] == (
+        "Upstream RPC ProxyRegister failed: transport econnrefused"
+        " (99 similar line(s) suppressed since the last)"
+    )
