@@ -6,7 +6,8 @@ core actors/core/owner_lifecycle.py; this module turns messages into its events 
 its effects:
 
     init            mint the stream home id (32 hex), look for a predecessor's row, `begin`
-                    (a dead predecessor's: recovery, docs/owner-recovery.md)
+                    (a dead predecessor's: recovery, docs/owner-recovery.md); ended at once
+                    (the stream already ended, another owner holds the session): ReleaseTaken
     RegisterSession OwnerUp to the registry, which is watched until it answers
     WriteRow        this owner's row in the owner table (actors/agents/api.py)
     Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
@@ -88,7 +89,13 @@ from actors.core.owner_recovery import (
     record_restart,
 )
 from actors.core.warn_limit import WarnLimiter
-from actors.registry.api import REGISTRY_NAME, OwnerRefused, OwnerRegistered, OwnerUp
+from actors.registry.api import (
+    REGISTRY_NAME,
+    OwnerRefused,
+    OwnerRegistered,
+    OwnerUp,
+    ReleaseTaken,
+)
 from actors.registry.api import Unregister as UnregisterSession
 from actors.upstream.api import (
     FAILED_DETAILS,
@@ -162,6 +169,8 @@ class AgentOwner(Process):
             # The stream process waits for this owner; told now, it follows it at once.
             args.stream.adopt(self.myAddress)
         self._apply(effects)
+        if not self.life.restarted and not self.life.registry_told:
+            self._hand_back_take()
         self._in_init = False
 
     def _find_predecessor(self) -> Predecessor | None:
@@ -379,6 +388,15 @@ class AgentOwner(Process):
                 info=getattr(args.register, "info", None),
             ),
         )
+
+    def _hand_back_take(self) -> None:
+        """This owner ends at `init` without registering the session (the agent left while it
+        started, or another owner holds the session): no OwnerUp will move the slot the
+        Subscribe took, so it and the session's heartbeat binding go back now, not at the
+        take's expiry. A restarted owner holds no take: its predecessor's slot went live."""
+        registry = self.runtime.whereis(REGISTRY_NAME)
+        if registry is not None:
+            self.send(registry, ReleaseTaken(self.args.session_id))
 
     def _forget_registry(self) -> None:
         if self._registry_monitor is not None:

@@ -36,9 +36,11 @@ remove them if they made the heartbeat too big.
 
 What the wire gave. The generated `HeartbeatRequest` (upb) refuses invalid UTF-8 in a string field
 both when parsing ("String field had bad UTF-8") and when a field is set, so a heartbeat parsed
-the strict way only ever meets rules 0, 2 and 3. A listener that wants to keep such a heartbeat
-(the seed keeps it and repairs its tags) parses it with `decode_lenient`, which reads the same
-wire format with every string field as bytes and gives a `RawHeartbeat`; `sanitise` takes either.
+the strict way only ever meets rules 0, 2 and 3. The agent service keeps such a heartbeat (the
+seed keeps it and repairs its tags): it parses it with `decode_lenient`, which reads the same wire
+format with every string field as bytes and gives a `RawHeartbeat`; `sanitise` takes either.
+`lenient_class` builds that lenient form of any message (gateway/agent/lenient.py reads other
+requests with it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any, Literal
 
 import attrs
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from protos.yuzu.agent.v1.agent_pb2 import HeartbeatRequest
 
@@ -62,6 +65,7 @@ __all__ = [
     "Sanitised",
     "decode_lenient",
     "len_delimited",
+    "lenient_class",
     "sanitise",
     "varint_len",
     "wire_size",
@@ -401,47 +405,44 @@ def _repair(value: str | bytes) -> tuple[str, bool]:
 # --- the lenient decoder ------------------------------------------------------------------------
 
 
-def _lenient_class() -> Any:
-    """HeartbeatRequest's wire format with every string as bytes. A map is a repeated entry
-    message on the wire, and a bytes map key is not allowed, so status_tags is declared as the
-    repeated entry. Built in a private descriptor pool so it cannot clash with the generated
-    classes."""
-    f = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="yuzu_gw/lenient_heartbeat.proto", package="yuzu_gw.lenient", syntax="proto3"
-    )
-    timestamp = proto.message_type.add(name="Timestamp")
-    timestamp.field.add(name="millis_epoch", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    entry = proto.message_type.add(name="TagEntry")
-    entry.field.add(name="key", number=1, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
-    hb = proto.message_type.add(name="HeartbeatRequest")
-    hb.field.add(name="session_id", number=1, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
-    hb.field.add(
-        name="sent_at",
-        number=2,
-        type=f.TYPE_MESSAGE,
-        label=f.LABEL_OPTIONAL,
-        type_name=".yuzu_gw.lenient.Timestamp",
-    )
-    hb.field.add(
-        name="status_tags",
-        number=3,
-        type=f.TYPE_MESSAGE,
-        label=f.LABEL_REPEATED,
-        type_name=".yuzu_gw.lenient.TagEntry",
-    )
-    hb.field.add(name="fleet_snapshot_json", number=4, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
+def lenient_class(descriptor: Descriptor) -> Any:
+    """The message class of `descriptor`'s wire format with every string field as bytes, so
+    that text which is not valid UTF-8 parses. A map is a repeated entry message on the wire,
+    and a bytes map key is not allowed, so each map is declared as its repeated entry (`key`,
+    `value`). Built, with the files it depends on, in a private descriptor pool so it cannot
+    clash with the generated classes."""
     pool = descriptor_pool.DescriptorPool()
+    _add_loosened(pool, descriptor.file, set())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(descriptor.full_name))
+
+
+def _add_loosened(
+    pool: descriptor_pool.DescriptorPool, file: FileDescriptor, added: set[str]
+) -> None:
+    if file.name in added:
+        return
+    added.add(file.name)
+    for dependency in file.dependencies:
+        _add_loosened(pool, dependency, added)
+    proto = descriptor_pb2.FileDescriptorProto()
+    file.CopyToProto(proto)
+    for message in proto.message_type:
+        _loosen(message)
     pool.Add(proto)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("yuzu_gw.lenient.HeartbeatRequest")
-    )
+
+
+def _loosen(message: descriptor_pb2.DescriptorProto) -> None:
+    message.options.ClearField("map_entry")
+    for field in message.field:
+        if field.type == field.TYPE_STRING:
+            field.type = field.TYPE_BYTES
+    for nested in message.nested_type:
+        _loosen(nested)
 
 
 # The lenient message class, public so tests (and tools) can write a heartbeat with bytes that
 # the generated class would refuse.
-LenientHeartbeatRequest: Any = _lenient_class()
+LenientHeartbeatRequest: Any = lenient_class(HeartbeatRequest.DESCRIPTOR)
 
 
 def decode_lenient(data: bytes) -> RawHeartbeat:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import attrs
 
+from actors.core.heartbeat_sanitise import RawHeartbeat
 from protos.yuzu.agent.v1 import agent_pb2
 
 NAME = "heartbeat_buffer"
@@ -12,6 +13,7 @@ NAME = "heartbeat_buffer"
 
 @attrs.frozen
 class BufferHeartbeat:
-    """An admitted heartbeat, handed over after the agent was answered (tell)."""
+    """An admitted heartbeat, handed over after the agent was answered (tell). A `RawHeartbeat`
+    is one whose text was not valid UTF-8, read leniently; the buffer repairs and counts it."""
 
-    heartbeat: agent_pb2.HeartbeatRequest = attrs.field(repr=False)
+    heartbeat: agent_pb2.HeartbeatRequest | RawHeartbeat = attrs.field(repr=False)

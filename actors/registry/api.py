@@ -10,9 +10,10 @@ The flow of one agent:
                        ... permit, ProxyRegister ...
                        Commit -> Committed | CommitRefused            (or Release on any failure)
     Subscribe handler  TakePending -> Taken | TakeRefused             (slot moves to the stream)
-                       ... starts the owner; ReleaseTaken if it cannot ...
+                       ... starts the owner; ReleaseTaken if it cannot, or if the take
+                       was cancelled or timed out ...
     owner              OwnerUp -> OwnerRegistered | OwnerRefused     (monitored from here on)
-                       Unregister on a normal end
+                       Unregister on a normal end; ReleaseTaken if it ends at its start
     listener           ConnectionDown when an HTTP/2 connection closes
 
 What any code on the node may read about agent sessions, without a message.
@@ -155,7 +156,9 @@ class TakeRefused:
 
 @attrs.frozen
 class ReleaseTaken:
-    """Tell: the Subscribe took the row but no owner will register it: free the slot."""
+    """Tell: the Subscribe took the row but no owner will register it: free the slot and the
+    binding (from the Subscribe handler, or from an owner that ended at its start). Harmless
+    once an owner registered the session: its slot is no longer the take's."""
 
     session_id: str
 

@@ -1,5 +1,5 @@
 """Heartbeat: admission, then the heartbeat buffer (seed: "Heartbeat admission", all of it;
-SPEC_INDEX ADM-01..ADM-11, S19, S20, M03, M04, L02, L03).
+"Heartbeat Batching" for invalid UTF-8; SPEC_INDEX ADM-01..ADM-11, S19, S20, M03, M04, L02, L03).
 
 A heartbeat is admitted only when this node holds its session and it arrives on the HTTP/2
 connection bound to the session (`actors.registry.api.admit`: node-local tables, no message).
@@ -13,6 +13,13 @@ learn which condition failed; the reason goes to the counters and the summary li
 There is no per-heartbeat log line. `RejectionSummary` folds rejections into one INFO line,
 written at the first rejection and then at most once per telemetry_gauge_interval_ms, with
 reason counts only (never a session id), and only when a rejection arrives.
+
+A heartbeat whose text is not valid UTF-8 (which the generated class refuses to parse) is read
+by the heartbeat buffer's lenient decoder instead of being refused: a session id that is not
+valid UTF-8 is no session this node holds (`unknown_session`, NOT_FOUND), and an admitted one
+is buffered as a `RawHeartbeat`, whose tags the buffer repairs and counts (`heartbeat_invalid`;
+seed: "Heartbeat Batching" > chunked flush), so the session stays online. Only bytes that are
+not a heartbeat at all are INTERNAL "request cannot be decoded".
 
 An admitted heartbeat is answered first (acknowledged, server_time) and then told to the
 `heartbeat_buffer` actor. Decision: when that actor is not running (a restart gap) the heartbeat
@@ -29,8 +36,10 @@ import logging
 import time
 
 import attrs
+from google.protobuf.message import DecodeError
 from grpclib.server import Stream
 
+from actors.core.heartbeat_sanitise import RawHeartbeat, decode_lenient
 from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
 from actors.heartbeat.api import BufferHeartbeat
 from actors.registry.api import (
@@ -39,7 +48,8 @@ from actors.registry.api import (
     AdmissionReason,
     admit,
 )
-from gateway.agent.plane import AgentPlane, conn_key, receive
+from gateway.agent.lenient import Undecoded, escaped
+from gateway.agent.plane import AgentPlane, conn_key, receive, undecodable
 from gateway.agent.status import not_found
 from protos.yuzu.agent.v1 import agent_pb2
 
@@ -86,8 +96,13 @@ async def heartbeat(
     summary: RejectionSummary,
     stream: Stream[agent_pb2.HeartbeatRequest, agent_pb2.HeartbeatResponse],
 ) -> None:
-    request = await receive(plane, stream, None)
-    reason = admit(plane.runtime, request.session_id, conn_key())
+    received = await receive(stream)
+    request: agent_pb2.HeartbeatRequest | RawHeartbeat
+    if isinstance(received, Undecoded):
+        request, session_id = _lenient(plane, received)
+    else:
+        request, session_id = received, received.session_id
+    reason = admit(plane.runtime, session_id, conn_key())
     if reason is not None:
         plane.metrics.heartbeat_refused(reason)
         line = summary.record(reason, plane.now())
@@ -106,3 +121,15 @@ async def heartbeat(
         )
         return
     plane.runtime.tell(buffer, BufferHeartbeat(request))
+
+
+def _lenient(plane: AgentPlane, received: Undecoded) -> tuple[RawHeartbeat, str]:
+    """A heartbeat whose text is not valid UTF-8, read by the buffer's lenient decoder (the
+    buffer repairs its tags once it is admitted), and its session id for admission: one that
+    is not valid UTF-8 is no session this node holds."""
+    try:
+        raw = decode_lenient(received.data)
+    except DecodeError:
+        raise undecodable(plane, None) from None
+    assert isinstance(raw.session_id, bytes)  # the lenient decoder reads every string as bytes
+    return raw, escaped(raw.session_id)

@@ -1,12 +1,15 @@
 """What every handler of the AgentService shares: the node's runtime, the upstream call path,
 the metrics, one warn limiter, and the two rules every method follows.
 
-- **One request message.** `receive` reads a unary request. A request the gateway cannot take
-  (not valid protobuf, text that is not valid UTF-8: the codec refuses it while decoding), and
-  (`refuse_oversize`) one larger than the server's receive limit, is refused, INTERNAL, before
-  any upstream call, and the refusal is told to the `upstream` actor as a local encoding
-  failure: counted in `yuzu_gw_upstream_rpc_errors_total{code="encode"}`, logged through its
-  limiter, and neutral to the breaker (seed: "Known limits"; SPEC_INDEX S11, S12, S23).
+- **One request message.** `receive` reads a unary request: the message, or `Undecoded` when
+  its text is not valid UTF-8 (or it is not protobuf), which the method's own rule reads
+  leniently first (gateway/agent/lenient.py: the agent id bound, admission). A request the
+  gateway then cannot forward as received (`undecodable`: text that is not valid UTF-8, or no
+  protobuf at all) and (`refuse_oversize`) one larger than the server's receive limit are
+  refused, INTERNAL, before any upstream call, and the refusal is told to the `upstream` actor
+  as a local encoding failure: counted in `yuzu_gw_upstream_rpc_errors_total{code="encode"}`,
+  logged through its limiter, and neutral to the breaker (seed: "Known limits"; SPEC_INDEX
+  S11, S12, S23).
 - **One line per crash.** `guarded` wraps each handler: any exception that is not a status the
   handler chose is answered INTERNAL with one ERROR line naming the method, the exception class
   and the top frame only. grpclib's own handler would log the whole traceback (its locals can
@@ -34,6 +37,7 @@ from actors.core.breaker import Lane, ResultKind
 from actors.core.warn_limit import WarnLimiter
 from actors.upstream.actor import Outcome, breaker_view
 from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
+from gateway.agent.lenient import Undecoded
 from gateway.agent.metrics import AgentMetrics
 from gateway.agent.status import internal
 from gateway.config import Config
@@ -50,8 +54,10 @@ __all__ = [
     "crashed",
     "failed",
     "guarded",
+    "loosened",
     "receive",
     "refuse_oversize",
+    "undecodable",
 ]
 
 log = logging.getLogger("yuzu_gw.agent")
@@ -59,6 +65,8 @@ log = logging.getLogger("yuzu_gw.agent")
 # The server's gRPC receive limit (K03), not raised: a request the gateway would forward over
 # it is refused here instead of being answered RESOURCE_EXHAUSTED by the server.
 MAX_REQUEST_BYTES = 4_194_304
+# What the upstream actor's encode line names for a request refused as `undecodable`.
+UNDECODABLE_DETAIL = "request not decodable (invalid UTF-8?)"
 
 M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, Stream[Any, Any]], Awaitable[None]]
@@ -108,20 +116,32 @@ def conn_key() -> int | None:
         return None
 
 
-async def receive(
-    plane: AgentPlane, stream: Stream[M, Any], lane: Lane | None, upstream_method: str = ""
-) -> M:
-    """The one request message of a unary call (module doc). `lane` names the upstream call the
-    request is for; None when it is not forwarded as is (Heartbeat)."""
-    try:
-        request = await stream.recv_message()
-    except DecodeError:
-        if lane is not None:
-            plane.local_refusal(lane, upstream_method, "request not decodable (invalid UTF-8?)")
-        raise internal("request cannot be decoded") from None
+async def receive(stream: Stream[M, Any]) -> M | Undecoded:
+    """The one request message of a unary call, or `Undecoded` (module doc)."""
+    request: M | Undecoded | None = await stream.recv_message()
     if request is None:
         raise internal("no request message")
     return request
+
+
+def undecodable(plane: AgentPlane, lane: Lane | None, upstream_method: str = "") -> GRPCError:
+    """The INTERNAL for a request that cannot be forwarded as received (module doc). `lane`
+    names the upstream call the request is for; None when it is not forwarded as is
+    (Heartbeat)."""
+    if lane is not None:
+        plane.local_refusal(lane, upstream_method, UNDECODABLE_DETAIL)
+    return internal("request cannot be decoded")
+
+
+def loosened(
+    plane: AgentPlane, received: Undecoded, lenient: Any, lane: Lane | None, method: str = ""
+) -> Any:
+    """`received` read with its lenient class; bytes that are not protobuf at all are
+    `undecodable`."""
+    try:
+        return lenient.FromString(received.data)
+    except DecodeError:
+        raise undecodable(plane, lane, method) from None
 
 
 def refuse_oversize(plane: AgentPlane, request: Message, lane: Lane, upstream_method: str) -> None:

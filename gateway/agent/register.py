@@ -4,7 +4,8 @@
 In the seed's order, each step before the next:
 
 1. The agent id: empty, missing or over 256 bytes (bytes, not characters; exactly 256 is
-   accepted) is INVALID_ARGUMENT at once, with a warn-limited WARN giving the size only and
+   accepted; bytes as received, so also when the request's text is not valid UTF-8, read
+   leniently) is INVALID_ARGUMENT at once, with a warn-limited WARN giving the size only and
    `yuzu_gw_register_refused_total{reason="agent_id_length"}`. Nothing else has happened yet:
    no peer handling, no reservation, no upstream call.
 2. Origin attribution: `gateway_observed_peer` is overwritten with the address the listener
@@ -12,7 +13,8 @@ In the seed's order, each step before the next:
 3. The peer address kept for the session (pending row, owner, notifications) is that address
    sanitised (`sanitise_peer_addr`), or `unknown` when not observed; it is not sent upstream.
    A request that would go upstream over the server's 4194304-byte limit, or whose text is not
-   valid UTF-8, is refused INTERNAL here (breaker-neutral, counted as an encode error).
+   valid UTF-8 (seed: "Known limits": answered INTERNAL, breaker-neutral), is refused INTERNAL
+   here (counted as an encode error).
 4. A slot on this connection (`reserve_slot`): atomic with the cap, in-flight reservations
    counted. Cap: UNAVAILABLE. The block releases the slot on every path that does not commit,
    a cancelled call included, without awaiting anything.
@@ -35,12 +37,21 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.core.breaker import Lane
+from actors.core.heartbeat_sanitise import lenient_class
 from actors.core.notify_store import log_text, sanitise_peer_addr
 from actors.core.permits import Caller
 from actors.registry.api import SUPERSEDED_DETAILS
 from actors.registry.registration import RegistryUnavailable, SlotRefused, reserve_slot
 from actors.upstream.api import PROXY_REGISTER, UpstreamCallError, UpstreamRefused
-from gateway.agent.plane import AgentPlane, conn_key, receive, refuse_oversize
+from gateway.agent.lenient import Undecoded
+from gateway.agent.plane import (
+    AgentPlane,
+    conn_key,
+    loosened,
+    receive,
+    refuse_oversize,
+    undecodable,
+)
 from gateway.agent.status import (
     AGENT_ID_DETAILS,
     internal,
@@ -68,6 +79,8 @@ M = TypeVar("M", bound=Message)
 # The server's own bound (kMaxAgentIdLength): refusing here gives the agent the same status
 # class without an upstream call, and keeps a wrong request away from the breaker.
 MAX_AGENT_ID_BYTES = 256
+# A Register with text that is not valid UTF-8, read for its agent id's size.
+_LENIENT_REQUEST: Any = lenient_class(agent_pb2.RegisterRequest.DESCRIPTOR)
 # What the session keeps as its peer when the listener had no observation (seed: peer_addr is
 # "unknown when the listener had no observation for the registration").
 UNOBSERVED_PEER = "unknown"
@@ -84,16 +97,15 @@ def remaining_s(stream: Stream[object, object]) -> float | None:
 async def register(
     plane: AgentPlane, stream: Stream[agent_pb2.RegisterRequest, agent_pb2.RegisterResponse]
 ) -> None:
-    request = await receive(plane, stream, Lane.REGISTER, PROXY_REGISTER)
+    received = await receive(stream)
+    if isinstance(received, Undecoded):
+        # Text that is not valid UTF-8: the agent id bound still comes first (step 1).
+        loose = loosened(plane, received, _LENIENT_REQUEST, Lane.REGISTER, PROXY_REGISTER)
+        _check_agent_id(plane, len(loose.info.agent_id))
+        raise undecodable(plane, Lane.REGISTER, PROXY_REGISTER)
+    request = received
     agent_id = request.info.agent_id
-    size = len(agent_id.encode("utf-8"))
-    if not 0 < size <= MAX_AGENT_ID_BYTES:
-        plane.metrics.register_refused.labels("agent_id_length").inc()
-        plane.warn(
-            "register_agent_id",
-            f"Register refused: the agent id is empty or longer than 256 bytes (size {size} bytes)",
-        )
-        raise GRPCError(Status.INVALID_ARGUMENT, AGENT_ID_DETAILS)
+    _check_agent_id(plane, len(agent_id.encode("utf-8")))
 
     origin = _origin()
     request.gateway_observed_peer = origin
@@ -129,6 +141,17 @@ async def register(
         )
         raise internal("Register failed: registry_unavailable") from None
     await stream.send_message(response)
+
+
+def _check_agent_id(plane: AgentPlane, size: int) -> None:
+    """Step 1: the agent id's size in bytes, as received."""
+    if not 0 < size <= MAX_AGENT_ID_BYTES:
+        plane.metrics.register_refused.labels("agent_id_length").inc()
+        plane.warn(
+            "register_agent_id",
+            f"Register refused: the agent id is empty or longer than 256 bytes (size {size} bytes)",
+        )
+        raise GRPCError(Status.INVALID_ARGUMENT, AGENT_ID_DETAILS)
 
 
 def _origin() -> str:

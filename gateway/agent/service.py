@@ -14,20 +14,23 @@ Every method is implemented, so no call falls through to grpclib's own answer:
 Build one per node inside the root supervisor's spec (`agent_service(ctx, runtime)`): it logs
 the admission startup line and creates the summary-line state there, after the metrics and
 before the listeners start (seed: "Heartbeat admission" > Observability). The listeners route
-it under the module name `yuzu_gw_agent_service`.
+it under the module name `yuzu_gw_agent_service`. Its requests are parsed tolerantly
+(gateway/agent/lenient.py): a request whose text is not valid UTF-8 gets its method's own
+answer, not a parser's INTERNAL.
 """
 
 from __future__ import annotations
 
 import logging
 
-from grpclib.const import Status
+from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.registry.api import AGENTS_TABLE
 from gateway.agent.heartbeat import ADMISSION_STARTUP_LINE, RejectionSummary, heartbeat
 from gateway.agent.inventory import report_inventory
+from gateway.agent.lenient import Tolerant
 from gateway.agent.metrics import agent_metrics
 from gateway.agent.plane import AgentPlane, guarded
 from gateway.agent.register import register
@@ -54,6 +57,14 @@ class AgentService(AgentServiceBase):
     def __init__(self, plane: AgentPlane, summary: RejectionSummary) -> None:
         self.plane = plane
         self.summary = summary
+
+    def __mapping__(self) -> dict[str, Handler]:
+        # Every request is parsed tolerantly: text that is not valid UTF-8 reaches the handler
+        # as `Undecoded`, for the method's own rule, instead of grpclib's INTERNAL.
+        return {
+            path: handler._replace(request_type=Tolerant(handler.request_type))
+            for path, handler in super().__mapping__().items()
+        }
 
     @guarded("Register")
     async def Register(

@@ -3,20 +3,24 @@ Proxy", "Known limits" > refused Subscribe; SPEC_INDEX S15-S18, PEND-11).
 
 Admission, in order: `x-yuzu-session-id` missing or empty is INVALID_ARGUMENT; the registry
 takes the pending row (`TakePending`): none is NOT_FOUND, the per-connection cap is UNAVAILABLE;
-anything else that fails is INTERNAL with one line (method, exception class, top frame). Then an
-owner actor is started under `agent_sup` with a `StreamHandle`; if it cannot be, the taken slot
-is handed back (`ReleaseTaken`).
+anything else that fails is INTERNAL with one line (method, exception class, top frame). A take
+the handler stops waiting for (cancelled, or timed out) is handed back behind it
+(`ReleaseTaken`). Then an owner actor is started under `agent_sup` with a `StreamHandle`; if it
+cannot be, the taken slot is handed back; an owner that starts on a stream already ended hands
+it back itself (actors/agents/owner.py).
 
 Then the stream process only moves frames (actors/agents/api.py is the contract):
 
 - it writes every `CommandRequest` the owner queues, in order, and ends the call with the
   `StreamEnd` the owner closes the handle with (status, details, trailers);
-- it reads the agent's `CommandResponse`s and tells each to the owner as `AgentFrame`;
+- it reads the agent's `CommandResponse`s and tells each to the owner as `AgentFrame`; a frame
+  whose text is not valid UTF-8 is told with each invalid sequence replaced by U+FFFD, and one
+  warn-limited WARNING (no agent or session id) says so;
 - it watches the owner: an owner that ends without closing the stream ends it UNAVAILABLE (the
   agent registers again). After an abnormal exit it first waits up to 5 s (K32) for a restarted
   owner to take the session over (the owner tells the stream's handle when it does), and follows
   that one;
-- the agent going away (its stream reset, its connection closed, its frames undecodable) is
+- the agent going away (its stream reset, its connection closed, a frame that is not protobuf) is
   told to the owner as `StreamClosed`, and the owner ends `normal`. So is the listener sending
   the connection away (the overload go-away, docs/listeners.md), after which the stream ends
   UNAVAILABLE with the connection's retry time in `grpc-retry-pushback-ms`.
@@ -43,9 +47,11 @@ from actors.agents.api import (
     StreamEnd,
     StreamHandle,
 )
+from actors.core.heartbeat_sanitise import lenient_class
 from actors.registry.api import ReleaseTaken, Taken, TakePending, TakeRefused, registry_address
 from actors.registry.registration import RESERVE_TIMEOUT_S
 from actors.upstream.api import SESSION_ID_METADATA
+from gateway.agent.lenient import Undecoded, repaired
 from gateway.agent.plane import AgentPlane, conn_key, crashed, failed
 from gateway.agent.status import not_found, session_refused
 from gateway.listeners.connection import current_call
@@ -55,7 +61,7 @@ from supervisors.address import Address
 from supervisors.api import start_child
 from supervisors.reason import ExitReason
 
-__all__ = ["REATTACH_WAIT_S", "subscribe"]
+__all__ = ["OWNER_GONE_DETAILS", "REATTACH_WAIT_S", "REPAIRED_FRAME_LOG", "subscribe"]
 
 log = logging.getLogger("yuzu_gw.agent")
 
@@ -67,8 +73,15 @@ REATTACH_WAIT_S = 5.0
 # The ends the stream process makes itself; identity tells them from the owner's.
 _AGENT_GONE = StreamEnd(Status.CANCELLED.value, "agent stream ended")
 _BAD_FRAME = StreamEnd(Status.INTERNAL.value, "a frame from the agent cannot be decoded")
-_OWNER_GONE = StreamEnd(Status.UNAVAILABLE.value, "agent session ended; register again")
+OWNER_GONE_DETAILS = "agent session ended; register again"
+_OWNER_GONE = StreamEnd(Status.UNAVAILABLE.value, OWNER_GONE_DETAILS)
 SENT_AWAY_DETAILS = "gateway overloaded; register again after the retry time"
+REPAIRED_FRAME_LOG = (
+    "Subscribe: a frame from an agent had text that is not valid UTF-8; it was delivered with"
+    " the invalid bytes replaced"
+)
+# A frame with text that is not valid UTF-8, read to be repaired.
+_LENIENT_FRAME: Any = lenient_class(agent_pb2.CommandResponse.DESCRIPTOR)
 
 AgentStream = Stream[agent_pb2.CommandResponse, agent_pb2.CommandRequest]
 
@@ -107,12 +120,13 @@ async def _take(plane: AgentPlane, session_id: str, key: Any) -> Taken:
         raise failed("Subscribe", "registry_unavailable")
     try:
         answer = await runtime.ask(registry, TakePending(session_id, key), RESERVE_TIMEOUT_S)
-    except asyncio.CancelledError:
-        # The take may still be handled: hand its slot back behind it (one mailbox, in order).
+    except (asyncio.CancelledError, Exception) as exc:
+        # Cancelled, or timed out behind a busy mailbox, the take may still be handled: hand its
+        # slot back behind it (one mailbox, in order), not at its expiry.
         runtime.tell(registry, ReleaseTaken(session_id))
+        if isinstance(exc, Exception):
+            raise crashed("Subscribe", exc) from None
         raise
-    except Exception as exc:
-        raise crashed("Subscribe", exc) from None
     if isinstance(answer, Taken):
         return answer
     if isinstance(answer, TakeRefused):
@@ -247,7 +261,8 @@ class _StreamProcess:
     async def _read(self) -> None:
         runtime = self.plane.runtime
         try:
-            async for response in self.stream:
+            async for frame in self.stream:
+                response = self._repaired(frame) if isinstance(frame, Undecoded) else frame
                 # In a crash gap, until a restarted owner adopts the stream, this goes to the
                 # dead owner: no owner is up to take it.
                 runtime.tell(self.owner, AgentFrame(response))
@@ -260,6 +275,14 @@ class _StreamProcess:
             self.handle.close(_AGENT_GONE)
         # A clean end of the agent's side (half close) is not the agent leaving: the stream
         # stays open for what the owner writes until the owner or the connection ends it.
+
+    def _repaired(self, frame: Undecoded) -> agent_pb2.CommandResponse:
+        """A frame whose text is not valid UTF-8 (a command's output in another encoding, say):
+        delivered with each invalid sequence replaced, as the seed treats text an agent
+        controls where it is admitted; the session goes on. `DecodeError` if not protobuf."""
+        response = repaired(frame, agent_pb2.CommandResponse, _LENIENT_FRAME)
+        self.plane.warn("subscribe_frame_text", REPAIRED_FRAME_LOG)
+        return response
 
     # -- the owner --
 

@@ -17,6 +17,8 @@ What this adds to grpclib's `H2Protocol` and `Handler`, each where grpclib leave
   `request_timeout_ms`; then the stream is reset (CANCEL), the handler task cancelled and
   `yuzu_gw_grpc_recv_timeout_total` +1. An idle streaming request (a Subscribe between
   messages) is not stalled: only the connection's idle timeout applies to it.
+- Header bytes: read as latin-1, so a header value that is not ASCII (out of gRPC's spec) gets
+  its method's answer instead of dropping the connection.
 - Cancel rate: more client RST_STREAMs than `max_cancel_stream_rate` allows closes the
   connection with ENHANCE_YOUR_CALM (Cowboy's defence against "rapid reset").
 - Per call: the origin of each RPC stream is decided (`origin.attribute`), counted when a
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import logging
 import socket
 from collections.abc import Callable, Mapping
@@ -87,6 +90,11 @@ _WINDOW = 4 * 1024 * 1024
 _H2_MIN_WINDOW = 65_535
 # h2's default: header blocks beyond this are refused by HPACK before any handler runs.
 _MAX_HEADER_LIST_SIZE = 65_536
+# Header bytes are read as latin-1, which decodes every byte. grpclib asks h2 for ascii, and
+# one byte above 0x7F then raises inside h2, which drops the connection with every session on
+# it. gRPC metadata is ASCII, so a value that is not (a session id that is not text, say)
+# reaches its handler as text that no valid value equals, and gets the method's own answer.
+_HEADER_ENCODING = "latin-1"
 __all__ = [
     "DRAINING",
     "OVERLOADED",
@@ -161,6 +169,8 @@ class ListenerProtocol(H2Protocol):
         on_made: Callable[[ListenerProtocol], None],
         on_lost: Callable[[ListenerProtocol], None],
     ) -> None:
+        h2_config = copy.copy(h2_config)
+        h2_config.header_encoding = _HEADER_ENCODING
         super().__init__(handler, config, h2_config)
         handler.owner = self
         self.policy = policy

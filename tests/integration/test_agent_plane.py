@@ -421,7 +421,7 @@ def test_an_undecodable_frame_ends_the_stream_internal(tmp_path: Path) -> None:
             )
             stream = raw(metadata=(("x-yuzu-session-id", session),))
             await fake.wait_for_calls("NotifyStreamStatus")
-            await stream.write(b"\x0a\x02\xff\xfe")  # command_id: not valid UTF-8
+            await stream.write(b"\x0a\x05ab")  # command_id: 5 bytes announced, 2 sent
             assert await asyncio.wait_for(stream.code(), 5) is Code.INTERNAL
             [_, gone] = await fake.wait_for_calls("NotifyStreamStatus", count=2)
             assert gone.request.event == 1  # the owner ended: DISCONNECTED
@@ -557,8 +557,9 @@ def test_inventory_admission_size_and_relay(tmp_path: Path) -> None:
             big = agent_pb2.InventoryReport(session_id=session)
             big.plugin_data["blob"] = b"x" * 4_194_304
             assert (await refused(home.inventory(big))).code() is Code.INTERNAL
-            # Text that is not valid UTF-8 (session_id, field 1): INTERNAL, nothing sent.
-            assert (await refused(home.inventory(b"\x0a\x02\xff\xfe"))).code() is Code.INTERNAL
+            # Bytes that are not a protobuf message (session_id, field 1, cut short): INTERNAL,
+            # nothing sent.
+            assert (await refused(home.inventory(b"\x0a\x05ab"))).code() is Code.INTERNAL
 
             error = await refused(other.inventory(report))  # another connection
             assert (error.code(), error.details()) == (Code.NOT_FOUND, UNKNOWN_SESSION)

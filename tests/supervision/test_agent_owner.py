@@ -39,21 +39,28 @@ from actors.agents.owner import AgentOwner
 from actors.agents.sup import AgentSup
 from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
+    OWNER_CONFLICT_DETAILS,
     REFUSED_DETAILS,
     STOPPING_DETAILS,
     STUCK_DETAILS,
 )
 from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
+    CONNECTIONS_TABLE,
     REGISTRY_NAME,
+    Binding,
     Commit,
     Committed,
     ConnectionDown,
+    ConnUsage,
+    GetCounts,
+    RegistryCounts,
     Reserve,
     Reserved,
     Taken,
     TakePending,
     admit,
+    binding_of,
     session_of,
 )
 from actors.upstream.api import (
@@ -112,14 +119,26 @@ class Tree:
             if isinstance(m, Notify) and (event is None or m.event is event)
         ]
 
-    async def take(self, session: str, conn: str = "c1", agent: str = "agent-1") -> None:
-        """Register and take the pending row, as the Register and Subscribe handlers do."""
+    async def register(self, session: str, conn: Any = "c1", agent: str = "agent-1") -> None:
+        """Store the pending row, as the Register handler does."""
         self.rids += 1
         reserved = await self.h.ask(self.registry, Reserve(self.rids, conn, agent))
         assert isinstance(reserved, Reserved)
-        answer = await self.h.ask(self.registry, Commit(self.rids, session, peer="10.0.0.9"))
-        assert answer == Committed(session)
+        commit = Commit(self.rids, session, peer="10.0.0.9", register=agent_pb2.RegisterRequest())
+        assert await self.h.ask(self.registry, commit) == Committed(session)
+
+    async def take(self, session: str, conn: str = "c1", agent: str = "agent-1") -> None:
+        """Register and take the pending row, as the Register and Subscribe handlers do."""
+        await self.register(session, conn, agent)
         assert isinstance(await self.h.ask(self.registry, TakePending(session, conn)), Taken)
+
+    def held(self, conn: Any) -> ConnUsage | None:
+        """The slots `conn` holds in the registry (None: none)."""
+        table = self.h.base.table(CONNECTIONS_TABLE)
+        assert table is not None
+        usage = table.get(conn)
+        assert usage is None or isinstance(usage, ConnUsage)
+        return usage
 
     async def owner(
         self,
@@ -149,18 +168,25 @@ class Tree:
         return (await count_children(self.h.base, self.agent_sup)).active
 
 
-def tree(h: Harness, sup_args: Any = None) -> Tree:
+def tree(
+    h: Harness,
+    sup_args: Any = None,
+    registry: type[Registry] = Registry,
+    sup: type[Supervisor] = AgentSup,
+) -> Tree:
+    """The registry, a fake `upstream` that records what it is told, and the owners'
+    supervisor (`registry` and `sup`: test doubles of theirs, registered by the same names)."""
     inbox: list[Any] = []
     spec = SupSpec(
         SupFlags("one_for_one", 10, 60.0),
         (
-            ChildSpec(REGISTRY_NAME, Registry, RegistryArgs(), name=REGISTRY_NAME),
+            ChildSpec(REGISTRY_NAME, registry, RegistryArgs(), name=REGISTRY_NAME),
             ChildSpec(
                 UPSTREAM_NAME, Child, Args(id=UPSTREAM_NAME, inbox=inbox), name=UPSTREAM_NAME
             ),
             ChildSpec(
                 AGENT_SUP_NAME,
-                AgentSup,
+                sup,
                 sup_args if sup_args is not None else agent_sup_args(context()),
                 type="supervisor",
                 name=AGENT_SUP_NAME,
@@ -350,6 +376,37 @@ async def test_an_ended_stream_makes_the_owner_exit_at_init(h: Harness):
     assert not h.alive(owner)
     assert t.notes() == [] and session_of(h.base, "s1") is None
     assert await t.children() == 0
+    # The agent left while this owner started: nobody will register the session, so the slot
+    # the Subscribe took and the heartbeat binding go now, not at the take's 120 s expiry.
+    assert t.held("c1") is None
+    assert binding_of(h.base, "s1") is None and admit(h.base, "s1", "c1") == "unknown_session"
+
+
+@actor_test
+async def test_a_second_owner_of_a_held_session_gives_the_slot_back_at_once(h: Harness):
+    t = tree(h)
+    first, _ = await t.owner("s1", "c1")
+    home = h.instance(first).stream_home_id
+    # The session taken again on another connection while its owner runs (the two-owners
+    # conflict): the second owner leaves the first's row, notifications and registration alone.
+    second, stream = await t.owner("s1", "c2")
+    assert not h.alive(second)
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, OWNER_CONFLICT_DETAILS)]
+    assert t.held("c2") is None  # not held against c2's cap for 120 s
+    assert t.held("c1") == ConnUsage(live=1)
+    assert binding_of(h.base, "s1") == Binding("c1", "live")
+    # When the first owner ends, no heartbeat for the session is admitted on c2, and the
+    # first owner's DISCONNECTED went out once.
+    h.tell(first, StreamClosed())
+    await h.settle()
+    assert binding_of(h.base, "s1") is None and admit(h.base, "s1", "c2") == "unknown_session"
+    assert [(n.event, n.stream_home_id) for n in t.notes()] == [
+        (Event.CONNECTED, home),
+        (Event.DISCONNECTED, home),
+    ]
+    counts = await h.ask(t.registry, GetCounts())
+    assert isinstance(counts, RegistryCounts)
+    assert (counts.agents, counts.subscribing, counts.connections) == (0, 0, 0)
 
 
 def settle_requests(t: Tree) -> list[SettleDisconnected]:
