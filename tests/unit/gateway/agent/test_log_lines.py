@@ -174,10 +174,10 @@ LINES: dict[str, tuple[str, ...]] = {
         "tests/unit/gateway/config/test_upstream_client_config.py::test_the_seeds_example_line_word_for_word",
     ),
     "L42": (
-        "tests/unit/gateway/mgmt/test_mgmt_auth_boot.py::test_the_identity_is_derived_from_a_single_certificate_cacertfile",
+        "tests/unit/gateway/config/test_mgmt_auth_boot.py::test_the_identity_is_derived_from_a_single_certificate_cacertfile",
     ),
     "L43": (
-        "tests/unit/gateway/mgmt/test_mgmt_auth_boot.py::test_the_deny_list_line_shows_at_most_twenty",
+        "tests/unit/gateway/config/test_mgmt_auth_boot.py::test_the_deny_list_line_shows_at_most_twenty",
     ),
     "L44": (
         "tests/unit/gateway/config/test_shedder_config.py::test_marks_that_cannot_work_refuse",
