@@ -33,11 +33,12 @@ notification", "Planned stop" step 5; SPEC_INDEX NS-01..NS-23, CB-04..CB-12, PS-
   5 at once. Held while the breaker is open like the rest. A resend's own key is never held or in
   flight elsewhere: a newer notification for it ends the resend (`unacked_ended{superseded}`),
   at once if it waits, at its result if it is out.
-* Planned stop (`begin_flush`, `flush`, `finish_flush`): every held notification is sent whatever
-  the breaker, 64 in flight at a time; a waiting refused DISCONNECTED is sent too, a waiting
-  refused CONNECTED is dropped (lost `shutdown`). A failed send is not retried and a refusal is
-  not resent. What is left at the deadline is lost (`shutdown`); later notifications are counted,
-  not sent.
+* Planned stop: from its step 1 (`widen_for_stop`) the drain keeps up to 64 in flight, since no
+  registration or replay is admitted any more; then (`begin_flush`, `flush`, `finish_flush`)
+  every held notification is sent whatever the breaker, 64 in flight at a time; a waiting
+  refused DISCONNECTED is sent too, a waiting refused CONNECTED is dropped (lost `shutdown`). A
+  failed send is not retried and a refusal is not resent. What is left at the deadline is lost
+  (`shutdown`); later notifications are counted, not sent.
 
 Every offered notification is `Settled` exactly once: delivered, refused (its first
 acknowledged=false; any resend after that is the retry set's), superseded by a newer one, or lost.
@@ -512,6 +513,14 @@ class NotifyStore:
             raise ValueError(f"cap must be >= 1, got {cap}")
         self._cap = cap
         self._retry.capacity = cap
+
+    def widen_for_stop(self) -> None:
+        """A planned stop from step 1 on: up to `flush_batch` sends out at once. Nothing is
+        admitted any more, so the streams the 10 keep free for registrations and replays are
+        idle, and every session's DISCONNECTED (step 3) would otherwise wait 10 at a time."""
+        policy = self.policy
+        widest = max(policy.max_inflight, policy.flush_batch)
+        self.policy = attrs.evolve(policy, max_inflight=widest)
 
     # -- admission ---------------------------------------------------------------------------
 

@@ -134,7 +134,8 @@ class FlushDone:
 @attrs.frozen
 class RaiseNotifyCap:
     """Tell (prep_stop, step 1): raise notify_pending_max by `extra` held keys (the seed raises
-    it by 2 x the sessions held, so every session's DISCONNECTED fits)."""
+    it by 2 x the sessions held, so every session's DISCONNECTED fits), and from now on send as
+    many at once as the flush (`NotifyStore.widen_for_stop`)."""
 
     extra: int = attrs.field(validator=attrs.validators.ge(0))
 
@@ -249,6 +250,7 @@ class NotifyLane:
 
     def on_raise_cap(self, msg: RaiseNotifyCap) -> None:
         self.store.set_cap(self.store.cap + msg.extra)
+        self.store.widen_for_stop()
         self._pump()
 
     def cancel_resends(self, agent_id: str, session_id: str) -> None:
