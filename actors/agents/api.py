@@ -235,7 +235,8 @@ class ForgetCommand:
 
 
 # `live`: the owner holds the session. `recovering`, `ending`, `superseded`: written by the
-# owner-crash recovery of issue 7 (see OwnerRecord in actors/registry/api.py).
+# owner-crash recovery of issue 7 (see OwnerRecord in actors/registry/api.py); `superseded` by a
+# restarted owner the registry refused because its agent has a newer session.
 OwnerState = Literal["live", "recovering", "ending", "superseded"]
 
 
@@ -255,6 +256,9 @@ class OwnerRow:
     # the session's owner restarts within the last 60 s.
     args: OwnerArgs | None = attrs.field(default=None, eq=False, repr=False)
     restarts: tuple[float, ...] = attrs.field(default=(), eq=False)
+    # When the registry first registered the session (loop clock, `OwnerRegistered.since`): a
+    # restarted owner registers it again under it, so a newer session of the agent wins.
+    since: float = attrs.field(default=0.0, eq=False)
 
 
 def create_owner_table(process: Process) -> Table[str, OwnerRow]:

@@ -16,7 +16,8 @@ its effects:
                     recovering; DisconnectSettled / SessionPresented come back
     terminate       `finish`: exactly one DISCONNECTED, the row deleted, Unregister, waiting
                     commands failed, the stream closed unless the agent went away (a crash
-                    leaves the row, the DISCONNECTED and the stream to the restarted owner)
+                    leaves the row, the DISCONNECTED and the stream to the restarted owner);
+                    a step that faults does not stop the others or the DISCONNECTED
 
 Commands: `DeliverCommand` puts the request in the stream's bounded queue; a full queue means the
 agent is not reading, so the stream is ended as stuck. Answers go to the command's `reply_to` as
@@ -154,7 +155,12 @@ class AgentOwner(Process):
         self._peer = sanitise_peer_addr(args.peer)
         # The times of this session's owner restarts within 60 s (kept in its row).
         self._restarts: tuple[float, ...] = ()
+        # When the registry first registered the session (kept in its row): None until then,
+        # unless this owner is a restart, which registers it again under its predecessor's.
+        self._since: float | None = None
         self._in_init = True
+        # The last notification sent upstream (terminate's fault path must not send it twice).
+        self._told: Notify | None = None
         self.delivered = 0
         self.answers = 0
         self.unmatched = 0
@@ -181,6 +187,7 @@ class AgentOwner(Process):
             return Predecessor(row.stream_home_id, alive=True)
         # Its row becomes this owner's to delete; a live owner's row is never touched.
         self._predecessor = row.owner
+        self._since = row.since
         self._restarts, give_up = record_restart(row.restarts, self.now())
         return Predecessor(row.stream_home_id, alive=False, state=row.state, give_up=give_up)
 
@@ -196,7 +203,10 @@ class AgentOwner(Process):
                 self.commands.forget(command_id)
             case StreamClosed():
                 self._apply(self.life.agent_gone())
-            case OwnerRegistered(session_id=session_id) if session_id == self.args.session_id:
+            case OwnerRegistered(session_id=session_id, since=since) if (
+                session_id == self.args.session_id
+            ):
+                self._since = since
                 self._forget_registry()
                 self._apply(self.life.registered())
             case OwnerRefused(session_id=session_id, reason=reason) if (
@@ -230,7 +240,22 @@ class AgentOwner(Process):
                 pass
 
     def terminate(self, reason: ExitReason) -> None:
-        self._apply(self.life.finish(reason.kind))
+        """Settle every effect even when one faults, and re-raise the first fault (the runtime
+        reports it): nothing restarts an owner that faults here during a planned stop
+        (agent_sup is stopping), so a defect in one step must cost neither the server its
+        DISCONNECTED nor the agent its stream's end."""
+        fault: Exception | None = None
+        for effect in self.life.finish(reason.kind):
+            try:
+                self._apply([effect])
+            except Exception as exc:
+                fault = fault or exc
+                if isinstance(effect, Announce) and not self._announced(effect):
+                    self._tell_upstream(
+                        effect.event, self._notice(effect.event, effect.stream_home_id)
+                    )
+        if fault is not None:
+            raise fault
 
     def format_status(self) -> Mapping[str, Any]:
         return {
@@ -386,6 +411,7 @@ class AgentOwner(Process):
                 plugins=args.plugins,
                 connected_at=time.time(),
                 info=getattr(args.register, "info", None),
+                since=self._since,
             ),
         )
 
@@ -422,6 +448,7 @@ class AgentOwner(Process):
                 register=args.register,
                 args=args,
                 restarts=self._restarts,
+                since=self._since or 0.0,
             ),
         )
 
@@ -449,11 +476,19 @@ class AgentOwner(Process):
         if event is Event.CONNECTED and log.isEnabledFor(logging.INFO):
             # log_text scans every character: not for a line nobody keeps.
             log.info(CONNECTED_LOG, log_text(args.agent_id), log_text(notify.peer_addr))
+        self._tell_upstream(event, notify)
+
+    def _tell_upstream(self, event: Event, notify: Notify) -> None:
         upstream = self.runtime.whereis(UPSTREAM_NAME)
         if upstream is None:
             self._not_sent(event)
             return
         self.send(upstream, notify)
+        self._told = notify
+
+    def _announced(self, announce: Announce) -> bool:
+        """Whether this notification already went (a fault after its send)."""
+        return self._told == self._notice(announce.event, announce.stream_home_id)
 
     def _notification(self, event: Event, stream_home_id: str) -> Notify:
         """The notification, published to WatchEvents first (actors/agents/watch.py: it sees
@@ -463,6 +498,10 @@ class AgentOwner(Process):
         restart = life.restarted and life.outcome != "recovered"
         reason = "owner_restarted" if restart else "stream_closed"
         publish(self.runtime, args.agent_id, args.session_id, event, reason)
+        return self._notice(event, stream_home_id)
+
+    def _notice(self, event: Event, stream_home_id: str) -> Notify:
+        args = self.args
         return Notify(args.agent_id, args.session_id, stream_home_id, event, self._peer)
 
     def _not_sent(self, event: Event) -> None:

@@ -45,7 +45,9 @@ owner's row (`Predecessor`) recovers the session (seed steps 2 to 4; docs/owner-
   CONNECTED; a `recovering` one had already sent it), and wait for it to settle; READOPTING:
   OwnerUp to the registry; PRESENTING: ProxyRegister with the session id; accepted: CONNECTED
   with the same stream home id, row `live`, phase STREAMING, outcome `recovered`. Any failure,
-  the agent going, or the recovery deadline ends the owner (outcome `disconnected_only`).
+  the agent going, or the recovery deadline ends the owner (outcome `disconnected_only`). A
+  registry refusal `superseded` (the agent registered a newer session meanwhile) rewrites the
+  row `superseded` first: the session is neither registered nor presented again.
 
 Every restart reports its outcome exactly once (`ReportRestart`: counted, and its one line).
 
@@ -113,6 +115,7 @@ REFUSED_DETAILS = {
     "cap": "too many sessions on this connection",
     "connection_down": "connection closed",
     "no_connection": "no connection",
+    "superseded": "session superseded by a newer session of the agent",
 }
 REGISTRY_UNAVAILABLE_DETAILS = "registry_unavailable"
 STUCK_DETAILS = "stream stuck: the agent is not reading its commands"
@@ -416,7 +419,12 @@ class OwnerLifecycle:
         # The registry has already freed the slot: nothing to unregister.
         self.registry_told = False
         details = REFUSED_DETAILS.get(reason, reason)
-        return self._stop(CloseStream(_UNAVAILABLE, details))
+        stop = self._stop(CloseStream(_UNAVAILABLE, details))
+        if reason == "superseded" and self.row:
+            # The agent has a newer session: the row says so until it goes, so no heartbeat of
+            # this one is admitted again (seed: heartbeat admission skips superseded rows).
+            return [WriteRow("superseded"), *stop]
+        return stop
 
     def registry_down(self) -> list[Effect]:
         if self._step("registry_down") not in (Phase.REGISTERING, Phase.READOPTING):

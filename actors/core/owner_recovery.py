@@ -1,15 +1,17 @@
 """The numbers and the restart budget of owner-crash recovery (seed: "When an agent's owner
 process crashes"; docs/owner-recovery.md).
 
-Rules of this file: when a restarted owner gives up, and what each restart counts as. Pure: the
-restart history is a tuple of loop-clock times carried in the session's owner-table row (it
-survives the owner and agent_sup), and `now` comes in. The steps themselves (send the
+Rules of this file: when a restarted owner gives up, when its session is superseded by a newer
+one of its agent (decided by the registry with `superseded`), and what each restart counts as.
+Pure: the restart history is a tuple of loop-clock times carried in the session's owner-table
+row (it survives the owner and agent_sup), and `now` comes in. The steps themselves (send the
 predecessor's DISCONNECTED, wait for it to settle, re-register, present the session, announce
 CONNECTED) are phases of the owner lifecycle (actors/core/owner_lifecycle.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final, Literal
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "RESTART_WINDOW_S",
     "RestartOutcome",
     "record_restart",
+    "superseded",
 ]
 
 # Seed, step 4: one owner may be restarted at most 3 times within 60 s; the next restart gives up.
@@ -57,3 +60,15 @@ def record_restart(history: tuple[float, ...], now: float) -> tuple[tuple[float,
     and whether it is one too many: the restarts before it within 60 s already number 3."""
     recent = tuple(t for t in history if now - t < RESTART_WINDOW_S)
     return (*recent, now), len(recent) >= MAX_RESTARTS
+
+
+def superseded(since: float, others: Iterable[float], registering: bool) -> bool:
+    """Whether a restarted owner's session, first registered at `since` (loop clock), has been
+    superseded by a newer session of its agent, so it must not be registered or presented
+    again (seed, step 3: "the agent registered a newer session meanwhile"). `others`: when each
+    other live session of the agent was first registered; `registering`: the agent has another
+    session whose owner has not registered it yet (a committed Register, or its Subscribe's
+    owner starting). An agent registers again only once it has given up its stream, so any such
+    session is newer; an older live session (an agent that registered again while its old
+    stream was still open, and this is the newer one) is not."""
+    return registering or any(t > since for t in others)

@@ -12,7 +12,10 @@ It holds two cores and five tables:
 `agents_by_id` maps an agent id to its newest live session: the router resolves a command's
 target in O(1) and the management plane walks the agents by id. An agent can hold two live
 sessions for a moment (it registered again while its old stream was still open); the index then
-names the newer, and falls back to the older if the newer ends first.
+names the newer, and falls back to the older if the newer ends first. An owner restarted after a
+crash registers its session again under the time it was first registered (`OwnerUp.since`); if
+the agent has a newer session by then it is refused `superseded` (actors/core/owner_recovery.py),
+so the index never names the stale session (seed: "When an agent's owner process crashes").
 
 Everything one message does is atomic: the cap check and the reservation, a commit and the
 same-agent rule, a take and the slot moving to the Subscribe's connection. That is the whole
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from thespian.actors import WakeupMessage
 
+from actors.core.owner_recovery import superseded
 from actors.core.pending import (
     PendingPolicy,
     PendingRow,
@@ -130,6 +134,9 @@ class Registry(Process):
         self.agents_by_id: Table[str, str] = self.new_table(AGENTS_BY_ID)
         # agent id -> its live session ids, oldest first (an ordered set): the index's fallback.
         self._sessions_of: dict[str, dict[str, None]] = {}
+        # session id -> agent id of each taken row whose owner has not registered yet (dropped
+        # by `_reindex` once the take ends): a newer session for `_superseded`.
+        self._taking: dict[str, str] = {}
         self.pending_rows: Table[str, PendingRow] = self.new_table(PENDING_TABLE)
         self.connections: Table[ConnKey, ConnUsage] = self.new_table(CONNECTIONS_TABLE)
         self.sessions_index: Table[str, Binding] = self.new_table(SESSIONS_INDEX)
@@ -262,6 +269,7 @@ class Registry(Process):
             return TakeRefused(refusal.reason)
         self.pending.take(session_id)
         self.pending_rows.delete(session_id)
+        self._taking[session_id] = row.agent_id
         self._publish_conn(row.conn_key)
         self._publish_conn(conn_key)
         self._reindex(session_id)
@@ -275,6 +283,10 @@ class Registry(Process):
             self._free(_subscribing(session_id))
             self._reindex(session_id)
             return OwnerRefused(session_id, "no_connection")
+        if msg.since is not None and self._superseded(msg.agent_id, session_id, msg.since):
+            # Decided here, in the mailbox that orders every registration of the agent, so a
+            # newer session cannot slip in between a check and the insert.
+            return OwnerRefused(session_id, "superseded")
         refusal = self.slots.claim(
             _live(session_id), conn_key, now, replacing=_subscribing(session_id)
         )
@@ -282,6 +294,7 @@ class Registry(Process):
             self._free(_subscribing(session_id))
             self._reindex(session_id)
             return OwnerRefused(session_id, refusal.reason)
+        since = now if msg.since is None else msg.since
         previous = self.agents.get(session_id)
         if previous is not None and previous.owner != msg.owner:
             # A newer owner of the session (a restart that re-adopts it): stop watching the old.
@@ -304,6 +317,7 @@ class Registry(Process):
                 plugins=msg.plugins,
                 connected_at=msg.connected_at,
                 stream_home_id=msg.stream_home_id,
+                since=since,
                 info=msg.info,
             ),
         )
@@ -312,7 +326,19 @@ class Registry(Process):
         self._index_agent(msg.agent_id, session_id)
         self._publish_conn(conn_key)
         self._reindex(session_id)
-        return OwnerRegistered(session_id)
+        return OwnerRegistered(session_id, since)
+
+    def _superseded(self, agent_id: str, session_id: str, since: float) -> bool:
+        others = (
+            row.since
+            for other in self._sessions_of.get(agent_id, ())
+            if other != session_id and (row := self.agents.get(other)) is not None
+        )
+        pending = self.pending.of_agent(agent_id)
+        registering = (pending is not None and pending.session_id != session_id) or any(
+            agent == agent_id and taken != session_id for taken, agent in self._taking.items()
+        )
+        return superseded(since, others, registering)
 
     def _unregister(self, session_id: str, owner: Address) -> None:
         row = self.agents.get(session_id)
@@ -401,6 +427,8 @@ class Registry(Process):
                 row = self.pending.get(session_id)
                 if row is not None:
                     binding = Binding(row.conn_key, "pending")
+        if binding is None or binding.state != "subscribing":
+            self._taking.pop(session_id, None)
         if binding is None:
             self.sessions_index.delete(session_id)
         elif self.sessions_index.get(session_id) != binding:

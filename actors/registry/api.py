@@ -180,20 +180,27 @@ class OwnerUp:
     # The AgentInfo of the Register (agent_pb2.AgentInfo), kept in the session's row for the
     # management plane; never logged or shown.
     info: object = attrs.field(default=None, eq=False, repr=False)
+    # None: a new session, first registered now. Else a restarted owner registering its dead
+    # predecessor's session again, first registered at `since` (the registry's loop clock, from
+    # the owner-table row): refused `superseded` if the agent has a newer session
+    # (actors/core/owner_recovery.py `superseded`), so the old one is never indexed again.
+    since: float | None = None
 
 
 @attrs.frozen
 class OwnerRegistered:
     session_id: str
+    # When the session was first registered (loop clock); the owner keeps it in its row.
+    since: float = attrs.field(default=0.0, eq=False)
 
 
 @attrs.frozen
 class OwnerRefused:
-    """The live insert was refused (the cap on that connection, or it went down): the owner
-    ends the session."""
+    """The live insert was refused (the cap on that connection, or it went down; `superseded`:
+    a restarted owner's session whose agent has a newer one): the owner ends the session."""
 
     session_id: str
-    reason: SlotRefusal
+    reason: SlotRefusal | Literal["superseded"]
 
 
 @attrs.frozen
@@ -284,6 +291,9 @@ class AgentRow:
     plugins: tuple[str, ...]
     connected_at: float  # wall clock, seconds
     stream_home_id: str
+    # When the session was first registered here (loop clock; kept across an owner restart):
+    # what orders an agent's sessions when a restarted owner registers an old one again.
+    since: float = attrs.field(default=0.0, kw_only=True)
     # The AgentInfo of the agent's Register (hostname, platform, version, plugins), for the
     # management plane's ListAgents and GetAgent; None when the owner had none to give.
     info: Any = attrs.field(default=None, eq=False, repr=False)

@@ -46,6 +46,7 @@ from actors.core.owner_lifecycle import (
 )
 from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
+    AGENTS_BY_ID,
     CONNECTIONS_TABLE,
     REGISTRY_NAME,
     Binding,
@@ -60,6 +61,7 @@ from actors.registry.api import (
     Taken,
     TakePending,
     admit,
+    agent_session,
     binding_of,
     session_of,
 )
@@ -515,3 +517,46 @@ async def test_default_intensity_is_the_seeds(h: Harness):
     assert h.instance(sup).flags == SupFlags("simple_one_for_one", 2000, 10.0)
     assert h.instance(sup).template.restart == "transient"
     assert h.instance(sup).template.start is AgentOwner
+
+
+@actor_test
+async def test_a_restarted_owner_superseded_by_a_newer_session_neither_registers_nor_presents(
+    h: Harness,
+):
+    # Seed, "When an agent's owner process crashes", step 3: the agent registered a newer
+    # session meanwhile, so the restarted owner ends after the DISCONNECTED; the registry never
+    # indexes the old session again and commands go to the live stream.
+    t = tree(h)
+    owner, stream = await t.owner("s1", "c1")
+    home = h.instance(owner).stream_home_id
+    h.base.kill(owner)
+    await h.settle()
+    restarted = owner_row(h.base, "s1")
+    assert restarted is not None and restarted.state == "recovering"
+    # Before the DISCONNECTED settles, the agent registers s2 on a new connection and subscribes.
+    newer, newer_stream = await t.owner("s2", "c2")
+    h.tell(restarted.owner, DisconnectSettled("s1", "delivered"))
+    await h.settle()
+
+    assert present_requests(t) == []
+    assert not h.alive(restarted.owner)
+    assert drain(stream) == [StreamEnd(UNAVAILABLE, REFUSED_DETAILS["superseded"])]
+    assert session_of(h.base, "s1") is None and binding_of(h.base, "s1") is None
+    assert admit(h.base, "s1", "c1") == "unknown_session"
+    assert owner_row(h.base, "s1") is None
+    live = agent_session(h.base, "agent-1")
+    assert live is not None and (live.session_id, live.owner) == ("s2", newer)
+    assert h.base.table(AGENTS_BY_ID).get("agent-1") == "s2"  # type: ignore[union-attr]
+    # A command for the agent reaches s2's stream (the router resolves it the same way).
+    cmd = agent_pb2.CommandRequest(command_id="after")
+    h.tell(live.owner, DeliverCommand(cmd))
+    await h.settle()
+    assert drain(newer_stream) == [cmd]
+    # s1: one CONNECTED, one DISCONNECTED (the settled one), nothing announced again.
+    assert [m.notify.session_id for m in settle_requests(t)] == ["s1"]
+    s1_notes = [(n.event, n.stream_home_id) for n in t.notes() if n.session_id == "s1"]
+    assert s1_notes == [(Event.CONNECTED, home)]
+    assert await t.children() == 1
+    counts = await h.ask(t.registry, GetCounts())
+    assert isinstance(counts, RegistryCounts) and counts.agents == 1
+    assert t.held("c1") is None

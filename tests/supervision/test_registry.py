@@ -48,6 +48,7 @@ from actors.registry.api import (
     TakeRefused,
     Unregister,
     admit,
+    agent_session,
     binding_of,
     install_readiness,
     pending_of,
@@ -529,3 +530,61 @@ async def test_admission_covers_a_dead_or_recovering_owner_but_not_a_registry_re
     # The registry's binding, when there is one, decides.
     await owner_up(h, registry, alive, "recovering", "elsewhere")
     assert admit(h.base, "recovering", "c") == "connection_mismatch"
+
+
+async def readopt(h: Harness, registry, owner, session, since, agent="agent") -> object:  # noqa: PLR0917
+    """A restarted owner's OwnerUp: the session again, first registered at `since`."""
+    up = OwnerUp(session, agent, owner, "c", stream_home_id="f" * 32, since=since)
+    return await h.ask(registry, up)
+
+
+@actor_test
+async def test_a_readopted_session_whose_agent_has_a_newer_one_is_refused_superseded(h: Harness):
+    # Seed, "When an agent's owner process crashes", step 3: a restarted owner whose agent
+    # registered a newer session meanwhile does not register the old one again.
+    registry = start(h)
+    rt = h.base
+    first = h.spawn("first")
+    answer = await owner_up(h, registry, first, "s1", "c")
+    assert isinstance(answer, OwnerRegistered)
+    since = answer.since
+    assert since == pytest.approx(h.loop.time(), abs=1)
+    assert session_of(rt, "s1").since == since  # type: ignore[union-attr]
+    h.base.kill(first)
+    await h.settle()
+    newer = h.spawn("newer")
+    await owner_up(h, registry, newer, "s2", "c")
+    restarted = h.spawn("restarted")
+    assert await readopt(h, registry, restarted, "s1", since) == OwnerRefused("s1", "superseded")
+    assert session_of(rt, "s1") is None and binding_of(rt, "s1") is None
+    assert agent_session(rt, "agent").session_id == "s2"  # type: ignore[union-attr]
+    assert rt.table(CONNECTIONS_TABLE)["c"] == ConnUsage(live=1)
+
+    # A Register of the agent that no stream has taken yet is newer too.
+    await register(h, registry, 1, "c", "other", "t2")
+    assert await readopt(h, registry, restarted, "t1", since, agent="other") == OwnerRefused(
+        "t1", "superseded"
+    )
+    assert session_of(rt, "t1") is None
+    # So is one a Subscribe took whose owner has not registered it yet; once that owner has
+    # registered it, it is a newer live session.
+    assert isinstance(await h.ask(registry, TakePending("t2", "c")), Taken)
+    assert await readopt(h, registry, restarted, "t1", since, agent="other") == OwnerRefused(
+        "t1", "superseded"
+    )
+    await owner_up(h, registry, h.spawn("t2-owner"), "t2", "c", agent="other")
+    assert await readopt(h, registry, restarted, "t1", since, agent="other") == OwnerRefused(
+        "t1", "superseded"
+    )
+    assert agent_session(rt, "other").session_id == "t2"  # type: ignore[union-attr]
+
+    # An older live session of the agent does not supersede a newer one being recovered: it is
+    # registered again under its first time and the index names it (the newest).
+    h.base.kill(newer)
+    await h.settle()
+    old = h.spawn("old")
+    await owner_up(h, registry, old, "u0", "c", agent="third")
+    later = since + 5.0
+    answer = await readopt(h, registry, restarted, "u1", later, agent="third")
+    assert answer == OwnerRegistered("u1") and answer.since == later  # type: ignore[union-attr]
+    assert agent_session(rt, "third").session_id == "u1"  # type: ignore[union-attr]

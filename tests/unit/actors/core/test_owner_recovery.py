@@ -18,6 +18,7 @@ from actors.core.notify_store import Event
 from actors.core.owner_lifecycle import (
     OWNER_GAVE_UP_DETAILS,
     RECOVERY_FAILED_DETAILS,
+    REFUSED_DETAILS,
     TRANSITIONS,
     Announce,
     CloseStream,
@@ -35,7 +36,12 @@ from actors.core.owner_lifecycle import (
     Unregister,
     WriteRow,
 )
-from actors.core.owner_recovery import MAX_RESTARTS, RESTART_WINDOW_S, record_restart
+from actors.core.owner_recovery import (
+    MAX_RESTARTS,
+    RESTART_WINDOW_S,
+    record_restart,
+    superseded,
+)
 
 MINE = "a" * 32
 OLD = "b" * 32
@@ -84,6 +90,21 @@ def test_gives_up_exactly_when_three_restarts_precede_within_the_window(times: l
         assert all(now - t < RESTART_WINDOW_S for t in history)
 
 
+@given(
+    since=st.floats(0, 1000),
+    others=st.lists(st.floats(0, 1000), max_size=5),
+    registering=st.booleans(),
+)
+def test_superseded_exactly_when_the_agent_has_a_newer_session(
+    since: float, others: list[float], registering: bool
+) -> None:
+    # A Register not yet taken, or a live session first registered later, is newer; a live
+    # session registered earlier (or at the same time) is not.
+    expected = registering or any(t > since for t in others)
+    assert superseded(since, others, registering) == expected
+    assert not superseded(since, [t for t in others if t <= since], registering=False)
+
+
 # --- examples -----------------------------------------------------------------------------------
 
 
@@ -130,6 +151,23 @@ def test_a_refused_presentation_ends_the_stream_and_counts_disconnected_only() -
         Unregister(),
         FailCommands(),
         CloseStream(UNAVAILABLE, "superseded; register again"),
+    ]
+
+
+def test_a_superseded_session_is_marked_and_ends_without_being_presented() -> None:
+    # The registry refused the re-registration: the agent registered a newer session meanwhile.
+    life = recovering()
+    assert life.settled() == [RegisterSession()]
+    assert life.refused("superseded") == [WriteRow("superseded"), Stop()]
+    assert not life.accepts_commands
+    assert life.registered() == []  # a late answer changes nothing: nothing is presented
+    details = REFUSED_DETAILS["superseded"]
+    # The DISCONNECTED went with the settle: none again; the registry holds nothing to drop.
+    assert life.finish("normal") == [
+        ReportRestart("disconnected_only"),
+        DeleteRow(),
+        FailCommands(),
+        CloseStream(UNAVAILABLE, details),
     ]
 
 
@@ -203,7 +241,8 @@ EVENTS = (
     "stuck",
     "timed_out",
 )
-ARGS = {"refused": ("cap",), "not_presented": ("refused",)}
+ARGS = {"not_presented": ("refused",)}
+REFUSALS = ("cap", "superseded")
 
 
 class RecoveryMachine(RuleBasedStateMachine):
@@ -222,18 +261,25 @@ class RecoveryMachine(RuleBasedStateMachine):
             stream_open=stream_open, predecessor=dead(state, give_up=give_up)
         )
         self.gave_up = give_up
+        # Where in `effects` the registry's `superseded` refusal landed (None: it did not).
+        self.superseded_at: int | None = None
 
-    @rule(event=st.sampled_from(EVENTS))
-    def event(self, event: str) -> None:
+    @rule(event=st.sampled_from(EVENTS), refusal=st.sampled_from(REFUSALS))
+    def event(self, event: str, refusal: str) -> None:
         phase = self.life.phase
+        args = (refusal,) if event == "refused" else ARGS.get(event, ())
         if (phase, event) not in TRANSITIONS:
             with pytest.raises(LifecycleError):
-                getattr(self.life, event)(*ARGS.get(event, ()))
+                getattr(self.life, event)(*args)
             assert self.life.phase is phase
             return
         if event == "agent_gone":
             self.agent_gone = True
-        self.effects += getattr(self.life, event)(*ARGS.get(event, ()))
+        effects = getattr(self.life, event)(*args)
+        if args == ("superseded",) and phase is Phase.READOPTING:
+            self.superseded_at = len(self.effects)
+            assert effects[0] == WriteRow("superseded")
+        self.effects += effects
 
     @rule(reason=st.sampled_from(["normal", "shutdown", "crash"]))
     def finish(self, reason: str) -> None:
@@ -282,6 +328,14 @@ class RecoveryMachine(RuleBasedStateMachine):
             assert not self.agent_gone and self.finish_reason in ("normal", "shutdown")
         elif self.finish_reason in ("normal", "shutdown") and self.life.outcome != "recovered":
             assert self.agent_gone
+
+    @invariant()
+    def superseded_is_never_registered_again(self) -> None:
+        if self.superseded_at is None:
+            return
+        after = self.effects[self.superseded_at :]
+        assert not any(isinstance(e, (RegisterSession, PresentSession, Announce)) for e in after)
+        assert self.life.outcome != "recovered"
 
     @invariant()
     def row_kept_unless_settled(self) -> None:
