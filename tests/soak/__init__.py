@@ -1,0 +1,1 @@
+"""The standing fault soak (`python -m tests.soak`; docs/dev/benchmarks.md, "The fault soak")."""

@@ -1,0 +1,150 @@
+"""Carrying out the schedule's events on a running `Stack`.
+
+Kills go through the node's remote console (`runtime.kill`: no terminate, as an operator's
+kill), as tests/integration/test_root_intensity.py does; the upstream faults act on the fake
+server (gateway/devstack/fake_upstream/server.py); commands and broadcasts are grpcio
+SendCommand calls on the management listener, each collected to its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.server.v1 import management_pb2 as mgmt
+from tests.soak import schedule as sched
+from tests.soak.agents import agent_id
+from tests.soak.stack import Stack
+
+MGMT = "/yuzu.server.v1.ManagementService/SendCommand"
+# A command stream still open this long after its timeout hangs.
+HANG_GRACE_S = 20.0
+# The parameter every command carries: the node must never log it (seed: command parameters).
+PARAM_CANARY = "soak-canary-param-5b1f"
+_RUNNING = agent_pb2.CommandResponse.Status.RUNNING
+
+KILL_OWNERS = """
+import random as _random
+_rows = sorted(
+    (r for r in runtime.table("owners").values() if getattr(r, "state", "") == "live"),
+    key=lambda r: r.session_id,
+)
+_picked = _random.Random({seed}).sample(_rows, min({count}, len(_rows)))
+for _row in _picked:
+    runtime.kill(_row.owner)
+"""
+
+KILL_NAMED = """
+_victim = runtime.whereis({name!r})
+_killed = 0 if _victim is None else 1
+if _victim is not None:
+    runtime.kill(_victim)
+"""
+
+
+@dataclass
+class CommandResult:
+    """One operator's SendCommand: its targets (empty: a broadcast), the terminal answers per
+    agent, how its stream ended (None: it hung) and when it ran (loop time)."""
+
+    command_id: str
+    targets: tuple[str, ...]
+    started: float
+    ended: float = 0.0
+    code: str | None = None
+    terminals: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    at_s: float
+    started: float
+    done: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Faults:
+    def __init__(self, stack: Stack, seed: int) -> None:
+        self.stack = stack
+        self.rng = random.Random(seed ^ 0x50A4)
+        self.commands: list[CommandResult] = []
+        self.faults: list[FaultRecord] = []
+        self._sequence = 0
+        target = f"127.0.0.1:{stack.port('listener_mgmt')}"
+        self.channel = grpc.aio.insecure_channel(target)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    def router_kills(self) -> list[float]:
+        return [f.started for f in self.faults if f.kind == sched.ROUTER_KILL]
+
+    async def fault(self, event: sched.Fault) -> None:
+        loop = asyncio.get_running_loop()
+        record = FaultRecord(event.kind, event.at_s, loop.time())
+        self.faults.append(record)
+        fake = self.stack.fake
+        match event.kind:
+            case sched.OWNER_KILL | sched.OWNER_MASS_KILL:
+                seed = self.rng.randrange(2**32)
+                await self.stack.eval(KILL_OWNERS.format(seed=seed, count=event.size))
+                record.detail["owners"] = event.size
+            case kind if kind in sched.ROOT_KILLS:
+                await self.stack.eval(KILL_NAMED.format(name=sched.ROOT_KILLS[kind]))
+            case sched.UPSTREAM_DROP:
+                await fake.stop()
+                await asyncio.sleep(event.hold_s)
+                await fake.start(fake.host, fake.port)
+            case sched.UPSTREAM_STALL:
+                fake.freeze()
+                await asyncio.sleep(event.hold_s)
+                fake.unfreeze()
+            case sched.UPSTREAM_RESTART:
+                # A new server instance: its in-memory sessions are gone, its connections
+                # dropped; the durable route directory survives, as the server's does.
+                await fake.restart(drop_connections=True)
+            case _:
+                raise ValueError(f"not a fault: {event.kind}")
+        record.done = loop.time()
+
+    async def command(self, event: sched.Fault) -> None:
+        """One SendCommand, collected until its stream ends (or hangs)."""
+        self._sequence += 1
+        command_id = f"soak-{self._sequence:05d}"
+        targets: tuple[str, ...] = ()
+        if event.kind == sched.COMMAND:
+            picked = self.rng.sample(range(self.stack.agents), min(event.size, self.stack.agents))
+            targets = tuple(agent_id(i) for i in picked)
+        result = CommandResult(command_id, targets, asyncio.get_running_loop().time())
+        self.commands.append(result)
+        request = mgmt.SendCommandRequest(
+            agent_ids=targets,
+            command=agent_pb2.CommandRequest(
+                command_id=command_id,
+                plugin="os",
+                action="uptime",
+                parameters={"token": PARAM_CANARY},
+            ),
+            timeout_seconds=sched.COMMAND_TIMEOUT_S,
+        )
+        call = self.channel.unary_stream(
+            MGMT,
+            request_serializer=mgmt.SendCommandRequest.SerializeToString,
+            response_deserializer=mgmt.SendCommandResponse.FromString,
+        )(request, timeout=sched.COMMAND_TIMEOUT_S + HANG_GRACE_S)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for response in call:
+                if response.response.status != _RUNNING:
+                    result.terminals[response.agent_id] += 1
+        code = await call.code()
+        result.ended = asyncio.get_running_loop().time()
+        result.code = None if code == grpc.StatusCode.DEADLINE_EXCEEDED else code.name
