@@ -47,6 +47,8 @@ from gateway.upstream.redial import REDIAL, Redial, RedialPolicy
 __all__ = ["TLS_ERROR_INTERVAL_S", "UpstreamChannel"]
 
 M = TypeVar("M", bound=Message)
+# grpc-status 4: what a server answers when the grpc-timeout it was sent passes.
+DEADLINE_EXCEEDED = 4
 
 # Seed: the ERROR about unusable TLS options comes "first at once and then at most once a minute".
 TLS_ERROR_INTERVAL_S = 60.0
@@ -130,7 +132,15 @@ class UpstreamChannel:
         remaining = deadline - loop.time()
         if remaining <= 0:
             raise UpstreamCallError(ResultKind.TIMEOUT, detail="deadline exceeded")
-        reply = await slot.call(method, payload, response_type, remaining, metadata)
+        try:
+            reply = await slot.call(method, payload, response_type, remaining, metadata)
+        except UpstreamCallError as error:
+            # The server enforces the grpc-timeout it was sent, so on a busy loop its
+            # DEADLINE_EXCEEDED can arrive before the call's own timer fires: the same deadline
+            # passing, so the same result (a timeout), whichever side noticed first.
+            if error.status == DEADLINE_EXCEEDED and loop.time() >= deadline:
+                raise UpstreamCallError(ResultKind.TIMEOUT, detail="deadline exceeded") from error
+            raise
         return reply  # type: ignore[return-value]
 
     def server_max_streams(self) -> int:

@@ -340,7 +340,12 @@ def test_a_slow_answer_is_a_timeout_and_the_server_sees_the_cancel() -> None:
             assert error.kind is ResultKind.TIMEOUT
             assert 0.25 < time.monotonic() - started < 1.0
             await fake.wait_for_calls("ProxyRegister", 2, answered=True, timeout=2.0)
-            assert fake.calls()[-1].code == grpc.StatusCode.CANCELLED
+            # The gateway's timer sends the cancel; on a busy host the server's own copy of the
+            # deadline (the grpc-timeout it was sent) may pass first and end the call itself.
+            assert fake.calls()[-1].code in (
+                grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
             fake.unfreeze()
             assert (await register(channel)).accepted  # the connection is still good
 
