@@ -306,8 +306,10 @@ def test_escalation_past_the_intensity_restarts_agent_sup_and_recovers_orphans(
                 # recovers on its open stream.
                 orphans = [h for h in killed if not h.stream.done()]
                 assert orphans, "the owner whose crash escalated was left without one"
+                # Within the test's bound, not a speed target: on a loaded 2-core host the new
+                # agent_sup's restarts and the recoveries' calls can take more than 10 s.
                 await fake.wait_for(
-                    lambda: all(recovered_times(fake, h, 1) for h in orphans), timeout=10.0
+                    lambda: all(recovered_times(fake, h, 1) for h in orphans), timeout=30.0
                 )
                 for h in orphans:
                     assert {home for _, home in events(fake, h)} == {h.home}
