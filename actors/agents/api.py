@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 
 from actors.registry.api import OWNERS_TABLE
+from actors.upstream.api import stored_session
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
-from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
     from supervisors.process import Process
@@ -268,11 +268,5 @@ def create_owner_table(process: Process) -> Table[str, OwnerRow]:
 
 def owner_row(runtime: LoopSystemBase, session_id: str) -> OwnerRow | None:
     """The session's row, or None (no row, or no table)."""
-    table = runtime.table(OWNERS_TABLE)
-    if table is None:
-        return None
-    try:
-        row = table.get(session_id)
-    except TableGone:
-        return None
+    row = stored_session(runtime, session_id)
     return row if isinstance(row, OwnerRow) else None
