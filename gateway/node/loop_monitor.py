@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Callable
 
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -103,6 +104,11 @@ class LoopMonitor(NodeTask):
 
     registry: CollectorRegistry
     tick_s: float = TICK_S
+    # systemd's watchdog (gateway/node/sd_notify.py): called from this loop every
+    # `watchdog_interval_s`, so a loop stalled longer than systemd's WatchdogSec= stops the
+    # pings by itself and the unit restarts the node.
+    watchdog: Callable[[], None] | None = None
+    watchdog_interval_s: float | None = None
     max_stall_s: float = attrs.field(init=False, default=0.0)
 
     def start(self) -> None:
@@ -118,7 +124,12 @@ class LoopMonitor(NodeTask):
         set_lag, set_max, observe = gauges.lag.set, gauges.max_stall.set, gauges.stalls.observe
         observe_busy = gauges.busy_stalls.observe
         cpu_clock = time.thread_time
+        watchdog, interval = self.watchdog, self.watchdog_interval_s
+        next_ping = loop.time()
         while True:
+            if watchdog is not None and interval is not None and loop.time() >= next_ping:
+                watchdog()
+                next_ping = loop.time() + interval
             before, cpu_before = loop.time(), cpu_clock()
             await asyncio.sleep(tick)
             late = max(0.0, loop.time() - before - tick)

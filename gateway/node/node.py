@@ -23,6 +23,7 @@ from gateway.config.refusal import BootRefused
 from gateway.node import crash_redaction
 from gateway.node.loop_monitor import LoopMonitor
 from gateway.node.planned_stop import PlannedStop
+from gateway.node.sd_notify import SystemdNotify
 from gateway.node.task import NodeTask
 from gateway.node.tree import GatewaySup
 from gateway.node.young_generation import YoungGenerationBound
@@ -37,9 +38,17 @@ log = logging.getLogger("yuzu_gw.node")
 PrepStop = Callable[[float], Awaitable[None]]
 
 
+def ready_status(bound: dict[str, tuple[str, int]]) -> str:
+    """systemd's STATUS= line at READY=1 (`systemctl status`): what the node serves where."""
+    where = ", ".join(f"{name} {host}:{port}" for name, (host, port) in sorted(bound.items()))
+    return f"serving {where}" if where else "serving"
+
+
 class Node:
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, notify: SystemdNotify | None = None) -> None:
         self.ctx = ctx
+        # systemd's READY/STOPPING/WATCHDOG (docs/install.md); silent outside a notify unit.
+        self.notify = notify if notify is not None else SystemdNotify()
         self.runtime: LoopSystemBase | None = None
         self.system: ActorSystem | None = None
         self.root: Address | None = None
@@ -80,10 +89,17 @@ class Node:
         gc.collect()
         gc.freeze()
         gc_policy.tune()
-        self._tasks = (LoopMonitor(self.ctx.registry), YoungGenerationBound(self.ctx.registry))
+        monitor = LoopMonitor(
+            self.ctx.registry,
+            watchdog=self.notify.watchdog,
+            watchdog_interval_s=self.notify.watchdog_interval_s,
+        )
+        self._tasks = (monitor, YoungGenerationBound(self.ctx.registry))
         for task in self._tasks:
             task.start()
         log.info("node %s started (pid %d)", self.name, os.getpid())
+        # The tree is up, so every listener has bound (a child that fails refuses the boot).
+        self.notify.ready(ready_status(self.ctx.bound))
 
     def _primary_ended(self, address: Address, reason: ExitReason) -> None:
         if address == self.root and self._ended is not None and not self._ended.done():
@@ -101,6 +117,7 @@ class Node:
         runtime, root = self.runtime, self.root
         if runtime is None or root is None:
             return SHUTDOWN
+        self.notify.stopping()
         await self._stop_tasks()
         budget = self.ctx.config[SHUTDOWN_FLUSH_BUDGET_MS] / 1000
         deadline = runtime.loop.time() + budget
@@ -129,6 +146,7 @@ class Node:
             await task.stop()
 
     def _release(self, runtime: LoopSystemBase) -> None:
+        self.notify.close()
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
         if self._redaction is not None:
