@@ -4,17 +4,20 @@ up (the root supervisor reached its restart intensity)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gateway.config.refusal import BootRefused, log_refusal
 from gateway.node.boot import prepare
 from gateway.node.logs import configure_logging
 from gateway.node.node import Node
+from gateway.node.sd_notify import SystemdNotify
+from gateway.node.version import add_version_option
 
 log = logging.getLogger("yuzu_gw.boot")
 
@@ -48,7 +51,8 @@ def run(env: Mapping[str, str]) -> int:
     configure_logging(env)
     try:
         ctx = prepare(env)
-        node = Node(ctx)
+        configure_logging(env, ctx.config)  # log_format of the file (gateway/node/logs.py)
+        node = Node(ctx, SystemdNotify.from_env(env))
         return _run_loop(serve(node))
     except BootRefused as refused:
         log_refusal(refused)
@@ -63,7 +67,24 @@ def _run_loop(main: object) -> int:
     return uvloop.run(main)  # type: ignore[arg-type]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description="Boot one Yuzu gateway node in the foreground (what `rel/yuzu_gw"
+        " foreground` execs) until SIGTERM or SIGINT, its planned stop. It takes no"
+        " arguments: the environment names its files (YUZU_GW_CONFIG, YUZU_GW_VM_ARGS,"
+        " YUZU_GW_RUN_DIR, YUZU_GW_COOKIE; docs/release.md). Under a systemd Type=notify"
+        " unit it sends READY=1, STOPPING=1 and WATCHDOG=1 (docs/install.md).",
+        epilog="Exit status: 0 after a planned stop, 1 boot refused, 2 the supervision tree"
+        " gave up.",
+    )
+    add_version_option(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    # Before anything boots: --help and --version print and exit, a stray argument is usage.
+    parser().parse_args(argv)
     sys.exit(run(os.environ))
 
 

@@ -2,6 +2,7 @@
 
     yuzu-gw [--run-dir DIR] [--name NAME] ping | status | stop [--timeout S]
                                           | eval EXPR | remote_console | name
+    yuzu-gw completion bash|zsh | --version
 
 Exit statuses (docs/release.md): 0 done; 1 the node is not running or not answering; 2 usage;
 3 refused (wrong or missing cookie); 4 the evaluated code raised; 5 `stop` timed out with the
@@ -22,6 +23,8 @@ from pathlib import Path
 
 from gateway.console.client import Refused, Unreachable, bridge, one_shot, open_session
 from gateway.console.paths import RunFiles, alive, read_pid
+from gateway.ctl.completion import SHELLS, script
+from gateway.node.version import add_version_option
 
 EXIT_OK = 0
 EXIT_NOT_RUNNING = 1
@@ -184,6 +187,7 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--run-dir", help="the node's run directory (YUZU_GW_RUN_DIR, ./run)")
     top.add_argument("--name", help="the node's short name (YUZU_GW_NODE_NAME, yuzu_gw)")
+    add_version_option(top)
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("ping", help="answer pong if the node answers on its console")
     sub.add_parser("status", help="say whether the node runs, its pid and name")
@@ -198,11 +202,18 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("expr")
     sub.add_parser("remote_console", help="an interactive console inside the node")
     sub.add_parser("name", help="print the node's short name (what its run files are named)")
+    completion = sub.add_parser(
+        "completion", help='print a shell completion script: eval "$(yuzu-gw completion bash)"'
+    )
+    completion.add_argument("shell", choices=SHELLS)
     return top
 
 
 def run(argv: Sequence[str] | None, env: Mapping[str, str]) -> int:
     args = parser().parse_args(argv)
+    if args.command == "completion":
+        sys.stdout.write(script(parser(), "yuzu-gw", args.shell))
+        return EXIT_OK
     files = RunFiles.from_env(env, args.run_dir, args.name)
     if args.command == "name":
         print(files.short_name)

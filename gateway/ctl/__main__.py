@@ -7,13 +7,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.ctl.cli import Watch, parse
+from gateway.ctl.cli import Completion, Watch, parse, parser
 from gateway.ctl.commands import Output, run
+from gateway.ctl.completion import script
 from gateway.ctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    invocation = parse(sys.argv[1:] if argv is None else argv)
+    invocation = parse(sys.argv[1:] if argv is None else argv, env=os.environ)
+    if isinstance(invocation.command, Completion):
+        sys.stdout.write(script(parser(), "yuzu-gw-ctl", invocation.command.shell))
+        return EXIT_OK
     out = Output(invocation.json, sys.stdout, sys.stderr)
     try:
         return asyncio.run(run(invocation, out))

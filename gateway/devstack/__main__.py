@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gateway.console.paths import DEFAULT_RUN_DIR
 from gateway.devstack.stack import Options, run
+from gateway.node.version import add_version_option
 
 DEFAULT_AGENTS = 50
 # Enough to see fan-out; more is a benchmark (docs/dev/benchmarks.md), not a dev stack.
@@ -55,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
         help="let the kernel pick every port instead of the shipped ones (50051, 50063, 8081,"
         " 9568, 50055)",
     )
+    add_version_option(p)
     return p
 
 

@@ -29,6 +29,7 @@ from gateway.config.refusal import BootRefused, log_refusal
 from gateway.console.client import Refused, Unreachable, one_shot
 from gateway.console.paths import DEFAULT_RUN_DIR, RunFiles, alive, read_pid
 from gateway.node.logs import configure_logging
+from gateway.node.version import add_version_option
 from gateway.release import runfile
 from gateway.release.plan import cpu_count, parse_count, pin_advertise, plan
 from gateway.release.runfile import ENDED, NodeRecord, ReleaseRecord
@@ -248,7 +249,12 @@ def cmd_count(run_dir: Path, text: str | None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m gateway.release", description=__doc__)
+    top = argparse.ArgumentParser(
+        prog="python -m gateway.release",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_version_option(top)
     sub = top.add_subparsers(dest="command", required=True)
     supervise = sub.add_parser("supervise", help="run the release supervisor")
     supervise.add_argument("--nodes", default="1", help="a count, or auto (one per core)")

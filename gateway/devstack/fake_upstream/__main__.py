@@ -13,6 +13,7 @@ from typing import Any
 from gateway.devstack.fake_upstream.records import METHODS, Call, ServerTls
 from gateway.devstack.fake_upstream.server import FakeUpstream
 from gateway.devstack.pki import ensure_pki
+from gateway.node.version import add_version_option
 
 
 def _parse_latency(items: list[str]) -> dict[str, float]:
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-streams", type=int, help="SETTINGS_MAX_CONCURRENT_STREAMS")
     parser.add_argument("--verbose", action="store_true", help="log every call to stderr")
+    add_version_option(parser)
     args = parser.parse_args(argv)
     try:
         _parse_latency(args.latency_ms)
