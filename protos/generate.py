@@ -9,7 +9,11 @@ Outputs, next to each ``.proto``:
 
 * ``<name>_pb2.py`` and ``<name>_pb2.pyi``: protobuf message classes (``--python_out``,
   ``--pyi_out`` of the ``protoc`` bundled with grpcio-tools);
-* ``<name>_grpc.py``: grpclib service bases and stubs (``protoc-gen-grpclib_python``).
+* ``<name>_grpc.py``: grpclib service bases and stubs (``protoc-gen-grpclib_python``);
+* ``protos/typed/``: betterproto2 dataclasses and grpclib client stubs of the management API
+  (``protoc-gen-python_betterproto2``, for the operator client, where volume is low), one
+  package per proto package (``protos.typed.yuzu.server.v1``). The plugin formats its output
+  with the ``ruff`` beside the interpreter, so the ruff version is part of the toolchain.
 
 The repository root is the only include path, and the ``.proto`` files import each other as
 ``"protos/yuzu/..."``, so every generated import is rooted at the top-level ``protos`` package
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +40,12 @@ PROTOS_DIR = REPO_ROOT / "protos"
 
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_grpc.py")
 PLUGIN_NAME = "protoc-gen-grpclib_python"
+# The typed (betterproto2) package: every file under it is generated.
+TYPED_DIR = Path("protos") / "typed"
+TYPED_PLUGIN = "protoc-gen-python_betterproto2"
+TYPED_SOURCES = ("protos/yuzu/server/v1/management.proto",)
+# grpclib clients only: no grpcio import, no server bases (the gateway serves with upb).
+TYPED_OPTIONS = "client_generation=async,server_generation=none"
 
 
 class GenerationError(RuntimeError):
@@ -46,8 +57,12 @@ def proto_sources() -> list[Path]:
     return sorted(PROTOS_DIR.rglob("*.proto"))
 
 
-def _is_generated(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(GENERATED_SUFFIXES)
+def _is_generated(path: Path, root: Path) -> bool:
+    if not path.is_file() or "__pycache__" in path.parts:
+        return False
+    return path.name.endswith(GENERATED_SUFFIXES) or path.relative_to(root).is_relative_to(
+        TYPED_DIR
+    )
 
 
 def _generated_files(root: Path) -> set[Path]:
@@ -55,7 +70,7 @@ def _generated_files(root: Path) -> set[Path]:
     base = root / "protos"
     if not base.is_dir():
         return set()
-    return {p.relative_to(root) for p in base.rglob("*") if _is_generated(p)}
+    return {p.relative_to(root) for p in base.rglob("*") if _is_generated(p, root)}
 
 
 def _package_inits(sources: Sequence[Path]) -> set[Path]:
@@ -69,15 +84,42 @@ def _package_inits(sources: Sequence[Path]) -> set[Path]:
     return inits
 
 
-def find_plugin() -> Path:
-    """Locate grpclib's protoc plugin: beside the running interpreter, else on PATH."""
-    beside = Path(sys.executable).parent / PLUGIN_NAME
+def find_plugin(name: str = PLUGIN_NAME) -> Path:
+    """Locate a protoc plugin: beside the running interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / name
     if beside.is_file():
         return beside
-    found = shutil.which(PLUGIN_NAME)
+    found = shutil.which(name)
     if found is None:
-        raise GenerationError(f"{PLUGIN_NAME} not found; install grpclib into this environment")
+        raise GenerationError(
+            f"{name} not found; install the test extra (grpclib, betterproto2-compiler)"
+        )
     return Path(found)
+
+
+# The betterproto2 plugin formats with `ruff` run in protoc's working directory, which would
+# pick up whatever configuration is found there: protoc runs in a scratch directory holding
+# only this one, so the output does not depend on where the tree is.
+RUFF_CONFIG = "line-length = 100\n"
+
+
+def _protoc(command: list[str]) -> None:
+    # The plugin runs the `ruff` on PATH: the one of this environment first.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with tempfile.TemporaryDirectory(prefix="yuzu-protoc-") as cwd:
+        (Path(cwd) / "ruff.toml").write_text(RUFF_CONFIG)
+        result = subprocess.run(
+            [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={REPO_ROOT}", *command],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
+    if result.returncode != 0:
+        raise GenerationError(
+            f"protoc failed with status {result.returncode}:\n{result.stderr.strip()}"
+        )
 
 
 def run_protoc(out_dir: Path, sources: Sequence[Path] | None = None) -> None:
@@ -86,23 +128,26 @@ def run_protoc(out_dir: Path, sources: Sequence[Path] | None = None) -> None:
         sources = proto_sources()
     if not sources:
         raise GenerationError(f"no .proto files under {PROTOS_DIR}")
-    relative = [str(p.relative_to(REPO_ROOT)) for p in sources]
-    command = [
-        sys.executable,
-        "-m",
-        "grpc_tools.protoc",
-        f"--proto_path={REPO_ROOT}",
-        f"--plugin={PLUGIN_NAME}={find_plugin()}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpclib_python_out={out_dir}",
-        *relative,
-    ]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise GenerationError(
-            f"protoc failed with status {result.returncode}:\n{result.stderr.strip()}"
-        )
+    paths = [str(p) for p in sources]
+    _protoc(
+        [
+            f"--plugin={PLUGIN_NAME}={find_plugin()}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpclib_python_out={out_dir}",
+            *paths,
+        ]
+    )
+    typed = out_dir / TYPED_DIR
+    typed.mkdir(parents=True, exist_ok=True)
+    _protoc(
+        [
+            f"--plugin={TYPED_PLUGIN}={find_plugin(TYPED_PLUGIN)}",
+            f"--python_betterproto2_out={typed}",
+            f"--python_betterproto2_opt={TYPED_OPTIONS}",
+            *(str(REPO_ROOT / source) for source in TYPED_SOURCES),
+        ]
+    )
 
 
 def check() -> list[str]:

@@ -11,16 +11,24 @@ from __future__ import annotations
 
 import argparse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
-from protos.yuzu.server.v1 import management_pb2
+from gateway.ctl.completion import SHELLS
+from gateway.node.version import add_version_option
+from protos.typed.yuzu.agent.v1 import CommandRequest
+from protos.typed.yuzu.server.v1 import ListAgentsRequest, SendCommandRequest
 
 __all__ = [
+    "CA_ENV",
+    "CERT_ENV",
     "DEFAULT_TARGET",
     "DEFAULT_TIMEOUT_S",
+    "KEY_ENV",
+    "TARGET_ENV",
+    "Completion",
     "Connection",
     "GetAgent",
     "Invocation",
@@ -43,6 +51,12 @@ MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 # The gateway clamps a command's timeout_seconds to 1..3600 (docs/management-plane.md).
 MAX_COMMAND_TIMEOUT_S = 3600
+# The defaults of --target, --ca, --cert and --key, for a shell that always talks to one
+# gateway (docs/ctl.md); the option given on the command line wins.
+TARGET_ENV = "YUZU_GW_CTL_TARGET"
+CA_ENV = "YUZU_GW_CTL_CA"
+CERT_ENV = "YUZU_GW_CTL_CERT"
+KEY_ENV = "YUZU_GW_CTL_KEY"
 
 
 @attrs.frozen
@@ -90,6 +104,7 @@ class Send:
     parameters: tuple[tuple[str, str], ...] = ()
     timeout_s: int | None = None  # None: the gateway's default_command_timeout_s
     command_id: str = ""
+    final_only: bool = False  # print each target's final answer only, not its RUNNING frames
 
 
 @attrs.frozen
@@ -97,7 +112,14 @@ class Watch:
     agent_ids: tuple[str, ...] = ()  # empty: every agent
 
 
-Command = ListAgents | GetAgent | Send | Watch
+@attrs.frozen
+class Completion:
+    """Print the shell completion script; connects to nothing."""
+
+    shell: str
+
+
+Command = ListAgents | GetAgent | Send | Watch | Completion
 
 
 @attrs.frozen
@@ -186,47 +208,59 @@ def split_send_words(
 # -- the parser --------------------------------------------------------------------------------
 
 
-def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+def _connection_options(
+    parser: argparse.ArgumentParser, defaults: bool, env: Mapping[str, str]
+) -> None:
     """The connection options; on the subcommands without defaults, so that one given before
-    the command words is not overwritten by the subcommand's default."""
+    the command words is not overwritten by the subcommand's default. A default read from
+    the environment is a string, which argparse converts (and checks) as if it were typed."""
 
-    def default(value: object) -> object:
-        return value if defaults else argparse.SUPPRESS
+    def default(value: object, variable: str) -> object:
+        if not defaults:
+            return argparse.SUPPRESS
+        return env.get(variable) or value
 
     parser.add_argument(
         "--target",
         type=parse_target,
-        default=default(parse_target(DEFAULT_TARGET)),
+        default=default(DEFAULT_TARGET, TARGET_ENV),
         metavar="HOST:PORT",
-        help=f"the management listener (default {DEFAULT_TARGET}, the dev config's)",
+        help=f"the management listener (default ${TARGET_ENV}, else {DEFAULT_TARGET}, the dev"
+        " config's)",
     )
     parser.add_argument(
         "--ca",
         type=Path,
-        default=default(None),
+        default=default(None, CA_ENV),
         metavar="FILE",
-        help="TLS: the CA that issued the gateway's certificate (the install CA)",
+        help=f"TLS: the CA that issued the gateway's certificate (the install CA; default"
+        f" ${CA_ENV})",
     )
     parser.add_argument(
         "--cert",
         type=Path,
-        default=default(None),
+        default=default(None, CERT_ENV),
         metavar="FILE",
-        help="TLS: this client's certificate (the Yuzu server's: docs/mgmt-auth.md)",
+        help=f"TLS: this client's certificate (the Yuzu server's: docs/mgmt-auth.md; default"
+        f" ${CERT_ENV})",
     )
     parser.add_argument(
-        "--key", type=Path, default=default(None), metavar="FILE", help="TLS: its private key"
+        "--key",
+        type=Path,
+        default=default(None, KEY_ENV),
+        metavar="FILE",
+        help=f"TLS: its private key (default ${KEY_ENV})",
     )
     parser.add_argument(
         "--server-name",
-        default=default(None),
+        default=argparse.SUPPRESS if not defaults else None,
         metavar="NAME",
         help="TLS: the name to verify the gateway's certificate against (default: the host)",
     )
     parser.add_argument(
         "--json",
         action="store_true",
-        default=default(False),
+        default=argparse.SUPPRESS if not defaults else False,
         help="one JSON object per line on stdout, for scripts",
     )
 
@@ -242,7 +276,28 @@ def _deadline_option(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
 
 
-def parser() -> argparse.ArgumentParser:
+SEND_HELP = """\
+words:
+  ID          an agent id to send to; several may be given (or --all, never both)
+  PLUGIN      the command's plugin, e.g. os
+  ACTION      the plugin's action, e.g. info
+  KEY=VALUE   a parameter of the command (map<string, string>); split at the first =, so
+              env=A=1 is key env, value A=1, and flag= is an empty value; a key at most once
+
+The words that hold a = after ACTION are the parameters; the two words before them are the
+plugin and the action, and any words before those are agent ids. Every answer is printed as
+it comes (RUNNING frames included; --final-only prints each target's final answer alone); on
+a terminal the last line counts answered, running, failed and timed out as they come; stderr
+ends with the tally of final answers.
+
+examples:
+  yuzu-gw-ctl send --all os info --final-only
+  yuzu-gw-ctl send agent-1 agent-2 script run name=backup dry_run= --timeout 60
+"""
+
+
+def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = {} if env is None else env
     top = argparse.ArgumentParser(
         prog="yuzu-gw-ctl",
         description="Operate a Yuzu gateway through its management listener (docs/ctl.md).",
@@ -250,7 +305,8 @@ def parser() -> argparse.ArgumentParser:
         " 2 usage; 3 no connection, TLS failed or not authorised; 4 send: a target did not"
         " answer SUCCESS; 130 interrupted.",
     )
-    _connection_options(top, defaults=True)
+    add_version_option(top)
+    _connection_options(top, defaults=True, env=env)
     _deadline_option(top, defaults=True)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -274,7 +330,10 @@ def parser() -> argparse.ArgumentParser:
         "send",
         help="send a command and print the answers as they come",
         usage="yuzu-gw-ctl send (--all | ID...) PLUGIN ACTION [KEY=VALUE ...] [--timeout S]"
-        " [--command-id X]",
+        " [--command-id X] [--final-only]",
+        description="Send one command to agents of this gateway (docs/ctl.md).",
+        epilog=SEND_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     send.add_argument("--all", action="store_true", help="every agent this gateway holds")
     send.add_argument(
@@ -288,23 +347,37 @@ def parser() -> argparse.ArgumentParser:
     send.add_argument(
         "--command-id", default="", metavar="X", help="the command id (default: a new UUID)"
     )
+    send.add_argument(
+        "--final-only", action="store_true", help="print only each target's final answer"
+    )
     send.add_argument("words", nargs="+", metavar="WORD", help=argparse.SUPPRESS)
 
     watch = commands.add_parser("watch", help="print agent connects and disconnects until Ctrl-C")
     watch.add_argument("agent_ids", nargs="*", metavar="ID", help="only these agents")
 
+    completion = commands.add_parser(
+        "completion",
+        help='print a shell completion script: eval "$(yuzu-gw-ctl completion bash)"',
+    )
+    completion.add_argument("shell", choices=SHELLS)
+
     for sub in (listing, get, watch):
         _deadline_option(sub, defaults=False)
     for sub in (listing, get, send, watch):
-        _connection_options(sub, defaults=False)
+        _connection_options(sub, defaults=False, env=env)
     return top
 
 
-def parse(argv: Sequence[str], new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> Invocation:
-    p = parser()
+def parse(
+    argv: Sequence[str],
+    new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    env: Mapping[str, str] | None = None,
+) -> Invocation:
+    """`env` gives the defaults of the connection options (TARGET_ENV, CA_ENV, ...)."""
+    p = parser(env)
     args = p.parse_args(argv)
     if (args.cert is None) != (args.key is None):
-        p.error("--cert and --key go together")
+        p.error(f"--cert and --key go together (also as {CERT_ENV} and {KEY_ENV})")
     host, port = args.target
     connection = Connection(
         host=host,
@@ -316,7 +389,9 @@ def parse(argv: Sequence[str], new_id: Callable[[], str] = lambda: uuid.uuid4().
         server_name=args.server_name,
     )
     command: Command
-    if args.command == "agents" and args.agents_command == "list":
+    if args.command == "completion":
+        command = Completion(args.shell)
+    elif args.command == "agents" and args.agents_command == "list":
         if args.all and args.cursor:
             p.error("--all starts at the first agent; give --cursor without --all")
         command = ListAgents(limit=args.limit, all=args.all, cursor=args.cursor)
@@ -334,6 +409,7 @@ def parse(argv: Sequence[str], new_id: Callable[[], str] = lambda: uuid.uuid4().
             parameters=parameters,
             timeout_s=args.command_timeout_s,
             command_id=args.command_id or new_id(),
+            final_only=args.final_only,
         )
     else:
         command = Watch(tuple(args.agent_ids))
@@ -343,16 +419,18 @@ def parse(argv: Sequence[str], new_id: Callable[[], str] = lambda: uuid.uuid4().
 # -- requests ----------------------------------------------------------------------------------
 
 
-def list_request(command: ListAgents, cursor: str) -> management_pb2.ListAgentsRequest:
-    return management_pb2.ListAgentsRequest(limit=command.page_size, cursor=cursor)
+def list_request(command: ListAgents, cursor: str) -> ListAgentsRequest:
+    return ListAgentsRequest(limit=command.page_size, cursor=cursor)
 
 
-def send_request(command: Send) -> management_pb2.SendCommandRequest:
-    request = management_pb2.SendCommandRequest(
-        agent_ids=command.agent_ids, timeout_seconds=command.timeout_s or 0
+def send_request(command: Send) -> SendCommandRequest:
+    return SendCommandRequest(
+        agent_ids=list(command.agent_ids),
+        timeout_seconds=command.timeout_s or 0,
+        command=CommandRequest(
+            command_id=command.command_id,
+            plugin=command.plugin,
+            action=command.action,
+            parameters=dict(command.parameters),
+        ),
     )
-    request.command.command_id = command.command_id
-    request.command.plugin = command.plugin
-    request.command.action = command.action
-    request.command.parameters.update(dict(command.parameters))
-    return request

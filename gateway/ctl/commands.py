@@ -1,18 +1,20 @@
-"""The commands of `yuzu-gw-ctl` over the generated grpclib stub (module docs of `cli`, `render`
-and `errors` say what is parsed, printed and exited with).
+"""The commands of `yuzu-gw-ctl` over the typed management API's grpclib stub (betterproto2,
+`protos.typed`; module docs of `cli`, `render` and `errors` say what is parsed, printed and
+exited with).
 
 Data goes to stdout (a table or lines for people, JSON objects with `--json`); notes (what
 was sent, a summary, a failure and what to check) go to stderr, so a script's stdout holds
-only the data.
+only the data. On a terminal a `send` keeps a live summary as the last line of stdout
+(`live`), erased before each answer is printed and at the end.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal, TextIO
 
 import attrs
+from grpclib.const import Cardinality
 
 from gateway.ctl import render
 from gateway.ctl.cli import (
@@ -34,14 +36,22 @@ from gateway.ctl.errors import (
     Where,
     explain,
 )
-from protos.yuzu.server.v1 import management_pb2
-from protos.yuzu.server.v1.management_grpc import ManagementServiceStub
+from gateway.ctl.live import LiveSummary
+from protos.typed.yuzu.server.v1 import (
+    AgentEvent,
+    GetAgentRequest,
+    ManagementServiceStub,
+    WatchEventsRequest,
+)
 
-__all__ = ["SEND_MARGIN_S", "Output", "run"]
+__all__ = ["SEND_MARGIN_S", "WATCH_ROUTE", "Output", "run"]
 
 # The gateway ends a command's stream at its timeout, after the TIMEOUT answers; the call's
 # own deadline leaves it this much more for the trip.
 SEND_MARGIN_S = 15
+# The generated `watch_events` hides the stream, and with it the initial headers `watch`
+# waits for; the call is opened on the stub's channel under the same route.
+WATCH_ROUTE = "/yuzu.server.v1.ManagementService/WatchEvents"
 
 
 class Output:
@@ -106,7 +116,7 @@ async def list_agents(
     assert isinstance(command, ListAgents)
     cursor, count, rows = command.cursor, 0, []
     while True:
-        page = await stub.ListAgents(
+        page = await stub.list_agents(
             list_request(command, cursor), timeout=invocation.connection.timeout_s
         )
         progress.answered = True
@@ -131,8 +141,8 @@ async def get_agent(
 ) -> int:
     command = invocation.command
     assert isinstance(command, GetAgent)
-    answer = await stub.GetAgent(
-        management_pb2.GetAgentRequest(agent_id=command.agent_id),
+    answer = await stub.get_agent(
+        GetAgentRequest(agent_id=command.agent_id),
         timeout=invocation.connection.timeout_s,
     )
     progress.answered = True
@@ -151,20 +161,25 @@ async def send(
     if not out.json:
         targets = f"{len(command.agent_ids)} agent(s)" if command.agent_ids else "every agent held"
         out.note(f"command {command.command_id}: {command.plugin} {command.action} to {targets}")
-    finals: collections.Counter[str] = collections.Counter()
+    tally = render.SendProgress()
+    live = LiveSummary(out.stdout, enabled=not out.json and out.stdout.isatty())
     deadline = (command.timeout_s or MAX_COMMAND_TIMEOUT_S) + SEND_MARGIN_S
-    async with stub.SendCommand.open(timeout=deadline) as stream:
-        await stream.send_message(send_request(command), end=True)
-        async for answer in stream:
+    try:
+        async for answer in stub.send_command(send_request(command), timeout=deadline):
             progress.answered = True
-            if out.json:
-                out.obj(render.answer_object(answer))
-            else:
-                out.lines([render.answer_line(answer)])
-            if render.is_final(answer.response):
-                finals[render.status_name(answer.response.status)] += 1
-    out.note(render.tally(finals))
-    return EXIT_OK if set(finals) <= {"SUCCESS"} else EXIT_TARGETS_FAILED
+            final = render.is_final(answer.response)
+            if final or not command.final_only:
+                live.clear()
+                if out.json:
+                    out.obj(render.answer_object(answer))
+                else:
+                    out.lines([render.answer_line(answer)])
+            tally.add(answer.agent_id, render.status_of(answer))
+            live.update(tally)
+    finally:
+        live.clear()  # a failure's message or the tally follows on a clean line
+    out.note(render.tally(tally.finals))
+    return EXIT_OK if set(tally.finals) <= {"SUCCESS"} else EXIT_TARGETS_FAILED
 
 
 async def watch(
@@ -172,10 +187,10 @@ async def watch(
 ) -> int:
     command = invocation.command
     assert isinstance(command, Watch)
-    async with stub.WatchEvents.open() as stream:
-        await stream.send_message(
-            management_pb2.WatchEventsRequest(agent_ids=command.agent_ids), end=True
-        )
+    async with stub.channel.request(
+        WATCH_ROUTE, Cardinality.UNARY_STREAM, WatchEventsRequest, AgentEvent
+    ) as stream:
+        await stream.send_message(WatchEventsRequest(agent_ids=list(command.agent_ids)), end=True)
         # The gateway sends its headers once the watch is registered: nothing later is missed.
         await stream.recv_initial_metadata()
         progress.answered = True

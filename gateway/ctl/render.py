@@ -1,6 +1,9 @@
 """What `yuzu-gw-ctl` prints (pure): tables and lines for people, and with `--json` one JSON
 object per line, whose keys are listed in docs/ctl.md.
 
+It reads the typed management API (betterproto2 classes, `protos.typed`): an unset message
+field is `None` there, and is read as the empty message, as the wire means it.
+
 The session id an `AgentConnected` event carries is never printed: it is the agent's
 credential for its heartbeats, and the gateway keeps session ids out of its logs too.
 """
@@ -8,17 +11,27 @@ credential for its heartbeats, and the gateway keeps session ids out of its logs
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from protos.yuzu.agent.v1 import agent_pb2
-from protos.yuzu.common.v1 import common_pb2
-from protos.yuzu.server.v1 import management_pb2
+import attrs
+import betterproto2
+
+from protos.typed.yuzu.agent.v1 import CommandResponse, CommandResponseStatus
+from protos.typed.yuzu.common.v1 import ErrorDetail, Platform, PluginInfo, Timestamp
+from protos.typed.yuzu.server.v1 import (
+    AgentEvent,
+    AgentSummary,
+    GetAgentResponse,
+    SendCommandResponse,
+)
 
 __all__ = [
     "AGENT_COLUMNS",
+    "SendProgress",
     "agent_details",
     "answer_line",
     "answer_object",
@@ -29,6 +42,7 @@ __all__ = [
     "is_final",
     "plugin_rows",
     "status_name",
+    "status_of",
     "summary_object",
     "summary_row",
     "table",
@@ -36,7 +50,7 @@ __all__ = [
     "timestamp",
 ]
 
-Status = agent_pb2.CommandResponse.Status
+Status = CommandResponseStatus
 AGENT_COLUMNS = ("AGENT ID", "HOSTNAME", "PLATFORM", "VERSION", "LAST SEEN")
 PLUGIN_COLUMNS = ("PLUGIN", "VERSION", "CAPABILITIES", "DESCRIPTION")
 # Streamed answers cannot be measured first: the agent column is this wide, or the id's width.
@@ -48,9 +62,9 @@ def as_json(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def timestamp(stamp: common_pb2.Timestamp) -> str:
+def timestamp(stamp: Timestamp | None) -> str:
     """ISO 8601 UTC to the second, or "" when the field is unset."""
-    if not stamp.millis_epoch:
+    if stamp is None or not stamp.millis_epoch:
         return ""
     when = dt.datetime.fromtimestamp(stamp.millis_epoch / 1000, tz=dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -69,12 +83,18 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 # -- agents ------------------------------------------------------------------------------------
 
 
-def _platform(platform: common_pb2.Platform) -> str:
+def _millis(stamp: Timestamp | None) -> int:
+    return stamp.millis_epoch if stamp is not None else 0
+
+
+def _platform(platform: Platform | None) -> str:
+    if platform is None:
+        return ""
     text = "/".join(part for part in (platform.os, platform.arch) if part)
     return f"{text} {platform.version}".strip() if platform.version else text
 
 
-def summary_row(agent: management_pb2.AgentSummary) -> tuple[str, ...]:
+def summary_row(agent: AgentSummary) -> tuple[str, ...]:
     return (
         agent.agent_id,
         agent.hostname or "-",
@@ -84,22 +104,23 @@ def summary_row(agent: management_pb2.AgentSummary) -> tuple[str, ...]:
     )
 
 
-def summary_object(agent: management_pb2.AgentSummary) -> dict[str, Any]:
+def summary_object(agent: AgentSummary) -> dict[str, Any]:
+    platform = agent.platform or Platform()
     return {
         "agent_id": agent.agent_id,
         "hostname": agent.hostname,
         "platform": {
-            "os": agent.platform.os,
-            "arch": agent.platform.arch,
-            "version": agent.platform.version,
+            "os": platform.os,
+            "arch": platform.arch,
+            "version": platform.version,
         },
         "agent_version": agent.agent_version,
         "online": agent.online,
-        "last_seen_ms": agent.last_seen.millis_epoch,
+        "last_seen_ms": _millis(agent.last_seen),
     }
 
 
-def _plugin_object(plugin: common_pb2.PluginInfo) -> dict[str, Any]:
+def _plugin_object(plugin: PluginInfo) -> dict[str, Any]:
     return {
         "name": plugin.name,
         "version": plugin.version,
@@ -108,16 +129,16 @@ def _plugin_object(plugin: common_pb2.PluginInfo) -> dict[str, Any]:
     }
 
 
-def plugin_rows(plugins: Iterable[common_pb2.PluginInfo]) -> list[tuple[str, ...]]:
+def plugin_rows(plugins: Iterable[PluginInfo]) -> list[tuple[str, ...]]:
     return [
         (p.name, p.version or "-", ", ".join(p.capabilities) or "-", p.description or "-")
         for p in plugins
     ]
 
 
-def agent_details(answer: management_pb2.GetAgentResponse) -> list[str]:
+def agent_details(answer: GetAgentResponse) -> list[str]:
     """`agents get` for people: the summary as fields, then the plugins as a table."""
-    agent = answer.summary
+    agent = answer.summary or AgentSummary()
     fields = [
         ("agent id", agent.agent_id),
         ("hostname", agent.hostname or "-"),
@@ -134,9 +155,9 @@ def agent_details(answer: management_pb2.GetAgentResponse) -> list[str]:
     return lines
 
 
-def details_object(answer: management_pb2.GetAgentResponse) -> dict[str, Any]:
+def details_object(answer: GetAgentResponse) -> dict[str, Any]:
     return {
-        **summary_object(answer.summary),
+        **summary_object(answer.summary or AgentSummary()),
         "plugins": [_plugin_object(p) for p in answer.plugins],
     }
 
@@ -145,32 +166,40 @@ def details_object(answer: management_pb2.GetAgentResponse) -> dict[str, Any]:
 
 
 def status_name(status: int) -> str:
-    try:
-        return Status.Name(status)
-    except ValueError:
-        return str(status)  # a status newer than these stubs
+    # betterproto2 decodes a status newer than these classes as a member with no name.
+    return Status(status).name or str(int(status))
 
 
-def is_final(response: agent_pb2.CommandResponse) -> bool:
-    return response.status != Status.RUNNING
+def is_final(response: CommandResponse | None) -> bool:
+    return response is not None and response.status != Status.RUNNING
 
 
-def answer_line(answer: management_pb2.SendCommandResponse) -> str:
+def _response(answer: SendCommandResponse) -> CommandResponse:
+    return answer.response or CommandResponse()
+
+
+def status_of(answer: SendCommandResponse) -> CommandResponseStatus:
+    return _response(answer).status
+
+
+def answer_line(answer: SendCommandResponse) -> str:
     """`AGENT  STATUS  OUTPUT`, plus the exit code when not 0 and the error when there is one;
     the lines of a multi-line output continue under the output column."""
-    response = answer.response
+    response = _response(answer)
+    error = response.error or ErrorDetail()
     lead = f"{answer.agent_id:<{AGENT_WIDTH}}  {status_name(response.status):<{STATUS_WIDTH}}  "
     notes = []
     if response.exit_code:
         notes.append(f"(exit {response.exit_code})")
-    if response.error.code or response.error.message:
-        notes.append(f"[error {response.error.code}: {response.error.message}]".replace(" :", ":"))
+    if error.code or error.message:
+        notes.append(f"[error {error.code}: {error.message}]".replace(" :", ":"))
     text = " ".join([response.output.rstrip("\n"), *notes]).strip()
     return lead + text.replace("\n", "\n" + " " * len(lead))
 
 
-def answer_object(answer: management_pb2.SendCommandResponse) -> dict[str, Any]:
-    response = answer.response
+def answer_object(answer: SendCommandResponse) -> dict[str, Any]:
+    response = _response(answer)
+    error = response.error or ErrorDetail()
     obj: dict[str, Any] = {
         "agent_id": answer.agent_id,
         "command_id": response.command_id,
@@ -179,11 +208,11 @@ def answer_object(answer: management_pb2.SendCommandResponse) -> dict[str, Any]:
         "exit_code": response.exit_code,
         "output": response.output,
     }
-    if response.error.code or response.error.message or response.error.metadata:
+    if error.code or error.message or error.metadata:
         obj["error"] = {
-            "code": response.error.code,
-            "message": response.error.message,
-            "metadata": dict(response.error.metadata),
+            "code": error.code,
+            "message": error.message,
+            "metadata": dict(error.metadata),
         }
     if response.payload:
         obj["payload_base64"] = base64.b64encode(response.payload).decode("ascii")
@@ -199,20 +228,50 @@ def tally(finals: Mapping[str, int]) -> str:
     return f"-- {total} target{'s' if total != 1 else ''}: {counts}"
 
 
+@attrs.define
+class SendProgress:
+    """The live one-line summary of a send to many targets: each target counts once, by its
+    latest answer (a RUNNING frame, then its final one)."""
+
+    _running: set[str] = attrs.field(factory=set)
+    _finals: collections.Counter[str] = attrs.field(factory=collections.Counter)
+
+    def add(self, agent_id: str, status: int) -> None:
+        if status == Status.RUNNING:
+            self._running.add(agent_id)
+            return
+        self._running.discard(agent_id)
+        self._finals[status_name(status)] += 1
+
+    @property
+    def finals(self) -> Mapping[str, int]:
+        """The final answers by status name, for `tally`."""
+        return self._finals
+
+    def line(self) -> str:
+        answered = self._finals["SUCCESS"]
+        timed_out = self._finals["TIMEOUT"]
+        failed = sum(self._finals.values()) - answered - timed_out
+        return (
+            f"answered {answered}, running {len(self._running)}, failed {failed},"
+            f" timed out {timed_out}"
+        )
+
+
 # -- events ------------------------------------------------------------------------------------
 
 
-def _event(event: management_pb2.AgentEvent) -> tuple[str, dict[str, Any]]:
+def _event(event: AgentEvent) -> tuple[str, dict[str, Any]]:
     """The event's name and its own fields (never the session id: module doc)."""
-    kind = event.WhichOneof("event") or "unknown"
-    if kind == "disconnected":
+    kind, _ = betterproto2.which_one_of(event, "event")
+    if event.disconnected is not None:
         return kind, {"reason": event.disconnected.reason}
-    if kind == "plugin_loaded":
-        return kind, {"plugin": _plugin_object(event.plugin_loaded.plugin)}
-    return kind, {}
+    if event.plugin_loaded is not None:
+        return kind, {"plugin": _plugin_object(event.plugin_loaded.plugin or PluginInfo())}
+    return kind or "unknown", {}
 
 
-def event_line(event: management_pb2.AgentEvent) -> str:
+def event_line(event: AgentEvent) -> str:
     kind, fields = _event(event)
     when = timestamp(event.occurred_at) or "-"
     what = kind
@@ -223,11 +282,11 @@ def event_line(event: management_pb2.AgentEvent) -> str:
     return f"{when:<20}  {event.agent_id:<{AGENT_WIDTH}}  {what}"
 
 
-def event_object(event: management_pb2.AgentEvent) -> dict[str, Any]:
+def event_object(event: AgentEvent) -> dict[str, Any]:
     kind, fields = _event(event)
     return {
         "agent_id": event.agent_id,
         "event": kind,
-        "occurred_at_ms": event.occurred_at.millis_epoch,
+        "occurred_at_ms": _millis(event.occurred_at),
         **fields,
     }

@@ -43,3 +43,23 @@ def test_check_reports_a_stale_file(monkeypatch, tmp_path) -> None:
         "protos/yuzu/server/v1/management_grpc.py: missing",
         "protos/yuzu/server/v1/orphan_pb2.py: no source produces it any more",
     ]
+
+
+def test_check_covers_the_typed_package(monkeypatch, tmp_path) -> None:
+    """Every file of protos/typed/ is generated: an edit or a stray file there is reported."""
+    import shutil
+
+    copy = tmp_path / "repo"
+    shutil.copytree(
+        generate.PROTOS_DIR, copy / "protos", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    typed = copy / generate.TYPED_DIR
+    edited = typed / "yuzu/server/v1/__init__.py"
+    edited.write_text(edited.read_text().replace("class ManagementServiceStub", "class Renamed"))
+    (typed / "yuzu/extra.py").write_text("")
+    monkeypatch.setattr(generate, "REPO_ROOT", copy)
+    monkeypatch.setattr(generate, "PROTOS_DIR", copy / "protos")
+    assert generate.check() == [
+        "protos/typed/yuzu/server/v1/__init__.py: differs from what the sources produce",
+        "protos/typed/yuzu/extra.py: no source produces it any more",
+    ]

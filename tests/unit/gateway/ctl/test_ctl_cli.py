@@ -23,8 +23,8 @@ from gateway.ctl.cli import (
     send_request,
     split_send_words,
 )
-from protos.yuzu.agent.v1 import agent_pb2
-from protos.yuzu.server.v1 import management_pb2
+from protos.typed.yuzu.agent.v1 import CommandRequest
+from protos.typed.yuzu.server.v1 import ListAgentsRequest, SendCommandRequest
 
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -97,7 +97,7 @@ def test_agents_list_pages() -> None:
     assert every == ListAgents(all=True) and every.page_size == 1000  # type: ignore[union-attr]
     some = parse(["agents", "list", "--limit", "7", "--cursor", "a9"]).command
     assert some == ListAgents(limit=7, cursor="a9")
-    assert list_request(some, "a9") == management_pb2.ListAgentsRequest(limit=7, cursor="a9")  # type: ignore[arg-type]
+    assert list_request(some, "a9") == ListAgentsRequest(limit=7, cursor="a9")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -130,14 +130,15 @@ def test_send_to_named_agents_with_parameters() -> None:
         command_id="c-7",
     )
     request = send_request(invocation.command)  # type: ignore[arg-type]
-    expected = management_pb2.SendCommandRequest(agent_ids=["a1", "a2"], timeout_seconds=30)
-    expected.command.CopyFrom(
-        agent_pb2.CommandRequest(
+    expected = SendCommandRequest(
+        agent_ids=["a1", "a2"],
+        timeout_seconds=30,
+        command=CommandRequest(
             command_id="c-7",
             plugin="shell",
             action="run",
             parameters={"cmd": "ls -l", "env": "A=1", "empty": ""},
-        )
+        ),
     )
     assert request == expected
 

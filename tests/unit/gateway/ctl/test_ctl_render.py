@@ -6,39 +6,40 @@ from __future__ import annotations
 import json
 
 from gateway.ctl import render
-from protos.yuzu.agent.v1 import agent_pb2
-from protos.yuzu.common.v1 import common_pb2
-from protos.yuzu.server.v1 import management_pb2
+from protos.typed.yuzu.agent.v1 import CommandResponse
+from protos.typed.yuzu.agent.v1 import CommandResponseStatus as S
+from protos.typed.yuzu.common.v1 import ErrorDetail, Platform, PluginInfo, Timestamp
+from protos.typed.yuzu.server.v1 import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentEvent,
+    AgentPluginLoaded,
+    AgentSummary,
+    GetAgentResponse,
+    SendCommandResponse,
+)
 
-S = agent_pb2.CommandResponse.Status
 # 2026-01-02T03:04:05.678Z
 MILLIS = 1767323045678
 
 
-def summary(agent_id: str = "agent-1", **fields: object) -> management_pb2.AgentSummary:
-    agent = management_pb2.AgentSummary(
+def summary(agent_id: str = "agent-1") -> AgentSummary:
+    return AgentSummary(
         agent_id=agent_id,
         hostname="host-1",
         agent_version="1.2.3",
         online=True,
-        platform=common_pb2.Platform(os="linux", arch="x86_64", version="6.1"),
-        last_seen=common_pb2.Timestamp(millis_epoch=MILLIS),
+        platform=Platform(os="linux", arch="x86_64", version="6.1"),
+        last_seen=Timestamp(millis_epoch=MILLIS),
     )
-    for name, value in fields.items():
-        setattr(agent, name, value)
-    return agent
 
 
-def answer(
-    status: int, output: str = "done", **fields: object
-) -> management_pb2.SendCommandResponse:
-    response = agent_pb2.CommandResponse(command_id="c1", status=status, output=output)
-    for name, value in fields.items():
-        if name == "error":
-            response.error.CopyFrom(value)  # type: ignore[arg-type]
-        else:
-            setattr(response, name, value)
-    return management_pb2.SendCommandResponse(agent_id="agent-1", response=response)
+def answer(status: S, output: str = "done", **fields: object) -> SendCommandResponse:
+    # Through the wire, as the CLI receives it: an unset field arrives unset (None).
+    response = CommandResponse(command_id="c1", status=status, output=output, **fields)  # type: ignore[arg-type]
+    return SendCommandResponse.parse(
+        bytes(SendCommandResponse(agent_id="agent-1", response=response))
+    )
 
 
 def test_table_aligns_columns_and_leaves_the_last_unpadded() -> None:
@@ -58,7 +59,7 @@ def test_agent_rows_and_objects() -> None:
         "1.2.3",
         "2026-01-02T03:04:05Z",
     )
-    bare = management_pb2.AgentSummary(agent_id="agent-2")
+    bare = AgentSummary(agent_id="agent-2")
     assert render.summary_row(bare) == ("agent-2", "-", "-", "-", "-")
     obj = json.loads(render.as_json(render.summary_object(agent)))
     assert obj == {
@@ -72,8 +73,8 @@ def test_agent_rows_and_objects() -> None:
 
 
 def test_agent_details_list_the_plugins() -> None:
-    plugin = common_pb2.PluginInfo(name="os", version="1.0", capabilities=["info", "reboot"])
-    got = management_pb2.GetAgentResponse(summary=summary(), plugins=[plugin])
+    plugin = PluginInfo(name="os", version="1.0", capabilities=["info", "reboot"])
+    got = GetAgentResponse(summary=summary(), plugins=[plugin])
     lines = render.agent_details(got)
     assert lines[0] == "agent id       agent-1"
     assert "online         yes" in lines
@@ -82,7 +83,7 @@ def test_agent_details_list_the_plugins() -> None:
     assert render.details_object(got)["plugins"] == [
         {"name": "os", "version": "1.0", "description": "", "capabilities": ["info", "reboot"]}
     ]
-    alone = render.agent_details(management_pb2.GetAgentResponse(summary=summary()))
+    alone = render.agent_details(GetAgentResponse(summary=summary()))
     assert alone[-1] == "plugins        none"
 
 
@@ -90,7 +91,7 @@ def test_answer_lines_carry_agent_status_and_output() -> None:
     line = render.answer_line(answer(S.SUCCESS, "all good"))
     assert line.split(maxsplit=2) == ["agent-1", "SUCCESS", "all good"]
     failed = render.answer_line(
-        answer(S.FAILURE, "boom", exit_code=3, error=common_pb2.ErrorDetail(code="E1", message="x"))
+        answer(S.FAILURE, "boom", exit_code=3, error=ErrorDetail(code="E1", message="x"))
     )
     assert failed.endswith("boom (exit 3) [error E1: x]")
     # A multi-line output continues under the output column.
@@ -110,9 +111,7 @@ def test_answer_objects() -> None:
         "exit_code": 0,
         "output": "half",
     }
-    full = render.answer_object(
-        answer(S.FAILURE, payload=b"\x00\x01", error=common_pb2.ErrorDetail(code="E"))
-    )
+    full = render.answer_object(answer(S.FAILURE, payload=b"\x00\x01", error=ErrorDetail(code="E")))
     assert full["final"] is True and full["payload_base64"] == "AAE="
     assert full["error"] == {"code": "E", "message": "", "metadata": {}}
 
@@ -125,10 +124,10 @@ def test_tally() -> None:
 
 
 def test_events_never_show_the_session_id() -> None:
-    connected = management_pb2.AgentEvent(
+    connected = AgentEvent(
         agent_id="agent-1",
-        occurred_at=common_pb2.Timestamp(millis_epoch=MILLIS),
-        connected=management_pb2.AgentConnected(session_id="secret-session"),
+        occurred_at=Timestamp(millis_epoch=MILLIS),
+        connected=AgentConnected(session_id="secret-session"),
     )
     line = render.event_line(connected)
     assert line.split() == ["2026-01-02T03:04:05Z", "agent-1", "connected"]
@@ -136,15 +135,11 @@ def test_events_never_show_the_session_id() -> None:
     assert obj == {"agent_id": "agent-1", "event": "connected", "occurred_at_ms": MILLIS}
     assert "secret-session" not in line + render.as_json(obj)
 
-    gone = management_pb2.AgentEvent(
-        agent_id="agent-1", disconnected=management_pb2.AgentDisconnected(reason="stream_closed")
-    )
+    gone = AgentEvent(agent_id="agent-1", disconnected=AgentDisconnected(reason="stream_closed"))
     assert render.event_line(gone).endswith("disconnected (stream_closed)")
     assert render.event_object(gone)["reason"] == "stream_closed"
-    loaded = management_pb2.AgentEvent(
+    loaded = AgentEvent(
         agent_id="agent-1",
-        plugin_loaded=management_pb2.AgentPluginLoaded(
-            plugin=common_pb2.PluginInfo(name="os", version="2")
-        ),
+        plugin_loaded=AgentPluginLoaded(plugin=PluginInfo(name="os", version="2")),
     )
     assert render.event_line(loaded).endswith("plugin_loaded os 2")
