@@ -34,6 +34,7 @@ from gateway.config.keys.upstream import UPSTREAM_CLIENT
 from gateway.mgmt.auth.decide import Policy
 from gateway.mgmt.auth.gate import PeerGate, PinBoard
 from gateway.mgmt.auth.metrics import mgmt_auth_metrics
+from gateway.mgmt.auth.tls_reload import TlsReload
 from gateway.mgmt.auth.watch import CertWatch, WatchedFile
 from gateway.mgmt.auth.watcher import NAME, PinWatcher, WatcherArgs
 from supervisors.supervisor import ChildSpec
@@ -82,7 +83,13 @@ def mgmt_auth_tree(ctx: NodeContext) -> MgmtAuthTree:
     board = PinBoard()
     metrics = mgmt_auth_metrics(ctx.registry)
     watch = CertWatch(config[MGMT_PEER_PINS], watched_files(config))
-    args = WatcherArgs(watch, board, metrics, config[MGMT_PIN_REFRESH_MS] / 1000)
+    args = WatcherArgs(
+        watch,
+        board,
+        metrics,
+        config[MGMT_PIN_REFRESH_MS] / 1000,
+        reload=TlsReload.of(config, ctx.registry),
+    )
     return MgmtAuthTree(
         gate=PeerGate(policy_of(config), board, metrics),
         watcher=ChildSpec(NAME, PinWatcher, args, restart="permanent", name=NAME),

@@ -12,6 +12,10 @@ timer and the effects:
 
 The core and the board belong to gateway_sup's tree (gateway/mgmt/auth/tree.py), so a
 restarted watcher keeps every last known good key.
+
+With `reload`, each refresh also reads every TLS listener's and upstream endpoint's
+certificate, key and CA files, and a changed, complete set is loaded for new handshakes
+(tls_reload.py); that part of the refresh runs on the loop, after the thread's reads.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from actors.core import LogLine
 from actors.effects import log_line
 from gateway.mgmt.auth.gate import PinBoard
 from gateway.mgmt.auth.metrics import MgmtAuthMetrics
+from gateway.mgmt.auth.tls_reload import SetRead, TlsReload, TlsSet, read_sets
 from gateway.mgmt.auth.watch import (
     CertWatch,
     Effect,
@@ -82,27 +87,41 @@ class WatcherArgs:
     refresh_s: float
     wall: Callable[[], float] = time.time
     read: Callable[[str], bytes] = read_file
+    reload: TlsReload | None = None
+
+
+def _read_all(
+    paths: tuple[str, ...], args: WatcherArgs
+) -> tuple[dict[str, Read], dict[TlsSet, SetRead]]:
+    sets = read_sets(args.reload.sets, args.read) if args.reload is not None else {}
+    return read_files(paths, args.read), sets
 
 
 class PinWatcher(Process):
     def init(self, args: WatcherArgs) -> None:
         self.args = args
         self.paths = args.watch.paths()
-        self._apply(args.watch.observe(read_files(self.paths, args.read), args.wall()))
+        reads, sets = _read_all(self.paths, args)
+        self._apply(args.watch.observe(reads, args.wall()))
+        if args.reload is not None:
+            args.reload.first(sets)
         if self.paths:
             self.wakeupAfter(args.refresh_s, _REFRESH)
 
     def receiveMessage(self, msg: Any, sender: Address) -> None:
         match msg:
             case WakeupMessage(payload=payload) if payload == _REFRESH:
-                self.run_worker(asyncio.to_thread(read_files, self.paths, self.args.read), _REFRESH)
+                self.run_worker(asyncio.to_thread(_read_all, self.paths, self.args), _REFRESH)
             case WorkerDone(tag=tag) if tag == _REFRESH:
                 self._refreshed(msg)
 
     def _refreshed(self, done: WorkerDone) -> None:
         if done.ok:
-            reads: Mapping[str, Read] = done.result
+            reads: Mapping[str, Read]
+            reads, sets = done.result
             self._apply(self.args.watch.observe(reads, self.args.wall()))
+            if self.args.reload is not None:
+                self._apply(list(self.args.reload.apply(sets)))
         else:
             log.error(
                 "certificate watcher: a refresh failed (%s); retrying in %g s",
