@@ -20,10 +20,11 @@ here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
 export YUZU_GW_RUN_DIR=${YUZU_GW_RUN_DIR:-/var/run/yuzu-gateway}
 
 if [[ $# -eq 0 || $1 == foreground ]]; then
-    if [[ -z "${YUZU_GW_COOKIE:-}" ]]; then
-        # Allowed for a trial (a fresh cookie appears in the run directory), wrong for a
-        # cluster: every node must share one cookie, so pass YUZU_GW_COOKIE in production.
-        echo "entrypoint: YUZU_GW_COOKIE unset; a cookie is generated for this container" >&2
+    if [[ -z "${YUZU_GW_COOKIE:-}" && ${YUZU_GW_ALLOW_DEFAULT_COOKIE:-} != 1 ]]; then
+        # The node refuses to boot (`default_cookie`); say why before it does. A trial
+        # container passes YUZU_GW_ALLOW_DEFAULT_COOKIE=1 and gets a cookie of its own.
+        echo "entrypoint: YUZU_GW_COOKIE unset: pass it (at least 32 characters, the same" \
+            "on every node), or YUZU_GW_ALLOW_DEFAULT_COOKIE=1 for a trial" >&2
     fi
     exec "$here/yuzu_gw" foreground "${@:2}"
 fi

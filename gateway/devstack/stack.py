@@ -209,6 +209,12 @@ class Stack:
         derived = config.derive(sections, self.ports, self.pki)
         self.run_dir.config.write_text(config.render(derived, str(SHIPPED_CONFIG)))
         cookie = self.run_dir.cookie_for(self.env)
+        if not self.env.get("YUZU_GW_COOKIE"):
+            # The node's cookie guard fails closed; the stack passes this one explicitly.
+            log.info(
+                "YUZU_GW_COOKIE unset: the node gets a fresh cookie for this stack, in %s",
+                shown(self.run_dir.cookie),
+            )
 
         self.fake = await start_fake_upstream(config.HOST, self.ports.upstream, self.pki)
         log.info("fake Yuzu server listening on %s", self.fake.address)

@@ -87,6 +87,8 @@ def release(tmp_path: Path) -> Iterator[Release]:
     env.update(
         YUZU_GW_CONFIG=str(config),
         YUZU_GW_COOKIE=secrets.token_hex(32),
+        # One host, on loopback: the shipped vm.args takes its host from here.
+        YUZU_GW_ADVERTISE_ADDR="127.0.0.1",
         YUZU_GW_PYTHON=sys.executable,
         YUZU_GW_START_WAIT_S="30",
         YUZU_GW_STOP_TIMEOUT_S="30",
@@ -154,11 +156,19 @@ def test_start_ping_eval_console_stop(release: Release) -> None:
     assert release.run("stop").returncode == 1
 
 
-def test_generated_cookie_and_restart(release: Release) -> None:
+def test_no_cookie_is_refused_unless_a_trial_asks_for_one(release: Release) -> None:
     env = {k: v for k, v in release.env.items() if k != "YUZU_GW_COOKIE"}
+    cookie_file = release.run_dir / "cookie"
+    # Fail closed (seed "Distribution Cookie (Required in Production)"): nothing invented.
+    refused = release.run("start", env=env)
+    assert refused.returncode == 1
+    assert "default_cookie" in refused.stderr
+    assert not cookie_file.exists() and not release.pid_file.exists()
+
+    env["YUZU_GW_ALLOW_DEFAULT_COOKIE"] = "1"
     started = release.run("start", env=env)
     assert started.returncode == 0, started.stderr + started.stdout
-    cookie_file = release.run_dir / "cookie"
+    assert f"generated a trial cookie in {cookie_file}" in started.stderr
     assert stat.S_IMODE(cookie_file.stat().st_mode) == 0o600
     assert re.fullmatch(r"[0-9a-f]{64}\n", cookie_file.read_text())
     # Clients without YUZU_GW_COOKIE read the file.

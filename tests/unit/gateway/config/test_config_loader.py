@@ -36,8 +36,12 @@ def write(tmp_path: Path, text: str, name: str = "sys.config") -> Path:
 @pytest.mark.parametrize("name", ["sys.config", "sys.config.prod", "test.config"])
 def test_every_shipped_config_loads(name: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    config, node_args = load(SYS_CONFIG / name, VM_ARGS, COOKIE_ENV)
-    assert node_args.name == "yuzu_gw@127.0.0.1"
+    # The shipped vm.args names no host: the advertise address is the node's (formation on
+    # any number of hosts with no edit).
+    env = {**COOKIE_ENV, "YUZU_GW_ADVERTISE_ADDR": "10.0.0.7"}
+    config, node_args = load(SYS_CONFIG / name, VM_ARGS, env)
+    assert node_args.name == "yuzu_gw@10.0.0.7" and node_args.advertise
+    assert "127.0.0.1" not in VM_ARGS.read_text()
     assert node_args.cookie == STRONG_COOKIE
     assert config[cluster.CLUSTER_SEED_DNS_NAME]
     # A shipped file sets nothing that needs a warning.
