@@ -15,6 +15,8 @@ In the seed's order, each step before the next:
    A request that would go upstream over the server's 4194304-byte limit, or whose text is not
    valid UTF-8 (seed: "Known limits": answered INTERNAL, breaker-neutral), is refused INTERNAL
    here (counted as an encode error).
+   Then the storm bound (gateway/agent/admission.py): past it, RESOURCE_EXHAUSTED with a
+   grpc-retry-pushback-ms sized from the node's drain rate, before anything below happens.
 4. A slot on this connection (`reserve_slot`): atomic with the cap, in-flight reservations
    counted. Cap: UNAVAILABLE. The block releases the slot on every path that does not commit,
    a cancelled call included, without awaiting anything.
@@ -36,6 +38,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from actors.core.admission import Call
 from actors.core.breaker import Lane
 from actors.core.heartbeat_sanitise import lenient_class
 from actors.core.notify_store import log_text, sanitise_peer_addr
@@ -112,7 +115,21 @@ async def register(
     peer = _session_peer(plane, agent_id, origin)
     plugins = tuple(plugin.name for plugin in request.info.plugins)
     refuse_oversize(plane, request, Lane.REGISTER, PROXY_REGISTER)
+    # Past the storm bound: refused with a hint before any reservation, permit or upstream call.
+    with plane.admitted(Call.REGISTER):
+        response = await _registered(plane, stream, request, peer, plugins)
+        await stream.send_message(response)
 
+
+async def _registered(
+    plane: AgentPlane,
+    stream: Stream[agent_pb2.RegisterRequest, agent_pb2.RegisterResponse],
+    request: agent_pb2.RegisterRequest,
+    peer: str,
+    plugins: tuple[str, ...],
+) -> agent_pb2.RegisterResponse:
+    """Steps 4 to 7: the slot, ProxyRegister, the pending row; the answer to relay."""
+    agent_id = request.info.agent_id
     try:
         async with reserve_slot(plane.runtime, conn_key(), agent_id) as slot:
             response = await proxy_call(
@@ -140,7 +157,7 @@ async def register(
             "registry_call", REGISTRY_UNAVAILABLE_LOG.format(cls=unavailable_registry.exit_class)
         )
         raise internal("Register failed: registry_unavailable") from None
-    await stream.send_message(response)
+    return response
 
 
 def _check_agent_id(plane: AgentPlane, size: int) -> None:

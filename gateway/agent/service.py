@@ -28,6 +28,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from actors.registry.api import AGENTS_TABLE
+from gateway.agent.admission import AgentAdmission
 from gateway.agent.heartbeat import ADMISSION_STARTUP_LINE, RejectionSummary, heartbeat
 from gateway.agent.inventory import report_inventory
 from gateway.agent.lenient import Tolerant
@@ -122,6 +123,7 @@ def agent_service(ctx: NodeContext, runtime: LoopSystemBase) -> AgentService:
         config=ctx.config,
         calls=UpstreamCalls(runtime, ctx.config),
         metrics=agent_metrics(ctx.registry, agents_held),
+        admission=AgentAdmission.of(ctx.config, runtime.loop.time),
     )
     summary = RejectionSummary(ctx.config[TELEMETRY_GAUGE_INTERVAL_MS] / 1000.0)
     log.info("%s", ADMISSION_STARTUP_LINE)

@@ -1,10 +1,11 @@
 """Subscribe: the agent's stream process (ARCHITECTURE "The tree"; seed "Subscribe Stream
 Proxy", "Known limits" > refused Subscribe; SPEC_INDEX S15-S18, PEND-11).
 
-Admission, in order: `x-yuzu-session-id` missing or empty is INVALID_ARGUMENT; the registry
-takes the pending row (`TakePending`): none is NOT_FOUND, the per-connection cap is UNAVAILABLE;
-anything else that fails is INTERNAL with one line (method, exception class, top frame). A take
-the handler stops waiting for (cancelled, or timed out) is handed back behind it
+Admission, in order: `x-yuzu-session-id` missing or empty is INVALID_ARGUMENT; past the storm
+bound (gateway/agent/admission.py) RESOURCE_EXHAUSTED with a retry hint, the row untaken; the
+registry takes the pending row (`TakePending`): none is NOT_FOUND, the per-connection cap is
+UNAVAILABLE; anything else that fails is INTERNAL with one line (method, exception class, top
+frame). A take the handler stops waiting for (cancelled, or timed out) is handed back behind it
 (`ReleaseTaken`). Then an owner actor is started under `agent_sup` with a `StreamHandle`; if it
 cannot be, the taken slot is handed back; an owner that starts on a stream already ended hands
 it back itself (actors/agents/owner.py).
@@ -47,6 +48,7 @@ from actors.agents.api import (
     StreamEnd,
     StreamHandle,
 )
+from actors.core.admission import Call
 from actors.core.heartbeat_sanitise import lenient_class
 from actors.registry.api import ReleaseTaken, Taken, TakePending, TakeRefused, registry_address
 from actors.registry.registration import RESERVE_TIMEOUT_S
@@ -92,19 +94,22 @@ async def subscribe(plane: AgentPlane, stream: AgentStream) -> None:
     if not isinstance(session_id, str) or not session_id:
         raise GRPCError(Status.INVALID_ARGUMENT, f"{SESSION_ID_METADATA} is required")
     key = conn_key()
-    taken = await _take(plane, session_id, key)
-    row = taken.row
     handle = StreamHandle()
-    args = OwnerArgs(
-        session_id=row.session_id,
-        agent_id=row.agent_id,
-        conn_key=key,
-        peer=row.peer,
-        register=row.register,  # type: ignore[arg-type]
-        stream=handle,
-        plugins=row.plugins,
-    )
-    owner = await _start_owner(plane, args)
+    # Past the storm bound: refused with a hint before the pending row is taken (it stays for
+    # the retry); pending until the owner runs.
+    with plane.admitted(Call.SUBSCRIBE):
+        taken = await _take(plane, session_id, key)
+        row = taken.row
+        args = OwnerArgs(
+            session_id=row.session_id,
+            agent_id=row.agent_id,
+            conn_key=key,
+            peer=row.peer,
+            register=row.register,  # type: ignore[arg-type]
+            stream=handle,
+            plugins=row.plugins,
+        )
+        owner = await _start_owner(plane, args)
     plane.metrics.agents_connected.inc()
     try:
         await _StreamProcess(plane, stream, handle, session_id, owner).run()

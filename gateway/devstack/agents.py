@@ -5,7 +5,8 @@ session.
 One agent's life, for ever until it is cancelled:
 
 1. Register (its agent id, hostname, platform, plugins); a refusal or an error is retried after
-   the backoff (`behaviour.Backoff`);
+   the refusal's `grpc-retry-pushback-ms` when it gave one (exactly that long), else after the
+   backoff (`behaviour.Backoff`);
 2. Subscribe with `x-yuzu-session-id`; commands relayed by the gateway (and any pending ones in
    the Register or Heartbeat answers) are answered on the stream, RUNNING then SUCCESS, one
    command at a time, `answer_delay_s` apart;
@@ -110,6 +111,8 @@ class SimAgent:
         self.sessions = 0  # Subscribe streams opened
         self.answered = 0  # commands answered SUCCESS
         self.guard_events = 0
+        # The last refusal's grpc-retry-pushback-ms: the next attempt waits exactly that long.
+        self.hint_ms: int | None = None
         self._started = time.monotonic()
 
     async def run(self) -> None:
@@ -117,12 +120,22 @@ class SimAgent:
         async with open_channel(self.target, self.settings.backoff) as channel:
             while True:
                 sessions = self.sessions
+                self.hint_ms = None
                 try:
                     await self._session(channel)
+                except grpc.aio.AioRpcError as exc:
+                    self.hint_ms = behaviour.pushback_ms(exc.trailing_metadata())
+                    log.debug("%s: session ended: %s", self.agent_id, _describe(exc))
                 except _GRPC_ERRORS as exc:
                     log.debug("%s: session ended: %s", self.agent_id, _describe(exc))
-                attempt = 0 if self.sessions > sessions else attempt + 1
-                await asyncio.sleep(self.settings.backoff.delay(attempt, self.rng.random()))
+                if self.sessions > sessions:
+                    attempt = 0
+                elif self.hint_ms is None:  # a hinted retry takes no backoff step
+                    attempt += 1
+                delay = behaviour.retry_delay(
+                    self.hint_ms, self.settings.backoff, attempt, self.rng.random()
+                )
+                await asyncio.sleep(delay)
 
     # -- one session ------------------------------------------------------------------------
 
@@ -151,6 +164,7 @@ class SimAgent:
             await call.initial_metadata()
             if call.done():  # a trailers-only answer: the Subscribe was refused
                 log.debug("%s: Subscribe refused: %s", self.agent_id, (await call.code()).name)
+                self.hint_ms = behaviour.pushback_ms(await call.trailing_metadata())
                 return
             self._set_subscribed(True)
             self.sessions += 1

@@ -12,6 +12,10 @@ Backoff: the stock agent waits 2, 4, 8 ... s, at most 256 s, between attempts (s
 "Connection drain"). A dev stack wants its agents back within seconds of a node restart, so it
 doubles from `base_s` (1 s) to `cap_s` (15 s) and, unlike the stock agent (#5990), jitters each
 delay down by up to 20% so a restarted node does not meet every agent in the same instant.
+A refusal that says when to come back (`grpc-retry-pushback-ms`, the gateway's admission and
+its other refusals: docs/agent-plane.md "Retry hints") is retried after exactly that long, as
+seed 003's daemon does ("bcd and the FakeDaemon wait exactly that long"), and does not advance
+the backoff (`retry_delay`).
 """
 
 from __future__ import annotations
@@ -27,19 +31,23 @@ from protos.yuzu.agent.v1 import agent_pb2
 __all__ = [
     "AGENT_VERSION",
     "PLUGINS",
+    "PUSHBACK_KEY",
     "Backoff",
     "answers",
     "guard_event",
     "heartbeat",
     "inventory",
     "millis",
+    "pushback_ms",
     "register_request",
+    "retry_delay",
 ]
 
 AGENT_VERSION = "0.15.0-devstack"
 # What a simulated agent says it runs; a command may name any plugin, the answer echoes it.
 PLUGINS = ("os", "hardware", "network", "script")
 Status = agent_pb2.CommandResponse.Status
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 def millis(now: float) -> int:
@@ -131,3 +139,20 @@ class Backoff:
     def delay(self, attempt: int, draw: float) -> float:
         ceiling = min(self.cap_s, self.base_s * 2.0 ** min(attempt, 32))
         return ceiling * (1.0 - self.jitter * draw)
+
+
+def pushback_ms(metadata: object) -> int | None:
+    """The `grpc-retry-pushback-ms` of a refusal's trailing metadata (pairs of key and value),
+    or None when absent or not a whole number."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == PUSHBACK_KEY and isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def retry_delay(hint_ms: int | None, backoff: Backoff, attempt: int, draw: float) -> float:
+    """Seconds before the next attempt: exactly the refusal's hint when it gave one, else the
+    backoff's delay for `attempt`."""
+    if hint_ms is not None:
+        return hint_ms / 1000.0
+    return backoff.delay(attempt, draw)

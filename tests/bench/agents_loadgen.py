@@ -8,6 +8,7 @@ line per message, so the benchmark can start every generator's wave at the same 
 - prints `ready` once its channels exist;
 - on `go`: every agent registers (a RegisterRequest of about `--register-bytes`) and subscribes
   with `x-yuzu-session-id`, all at once; an agent whose Register or Subscribe fails tries again
+  after the refusal's `grpc-retry-pushback-ms` when it carries one (exactly that long), else
   after the real agent's reconnect backoff (2, 4, 8 ... s, no jitter: the seed's "What a new
   agent connection sees while shedding"), at most `RECONNECT_BACKOFF_S` times; prints
   `subscribed OK FAILED SECONDS RETRIES` when every agent has its Subscribe response headers
@@ -41,6 +42,18 @@ HEARTBEAT_DEADLINE_S = 10.0
 # The agent's reconnect backoff after a failed Register or Subscribe (seed: "2, 4, 8 ...
 # seconds, at most 256 s", no jitter); five retries cover a wave of a minute and more.
 RECONNECT_BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0)
+# Retries after a refusal that said when to come back: a storm refuses an agent a few times at
+# most (the hints follow the node's drain rate), so this bounds only a broken gateway.
+MAX_HINTED_RETRIES = 50
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def pushback_s(metadata: Any) -> float | None:
+    """The refusal's `grpc-retry-pushback-ms` in seconds, or None (absent, or not a number)."""
+    for key, value in metadata or ():
+        if key == PUSHBACK_KEY and isinstance(value, str) and value.isdigit():
+            return int(value) / 1000.0
+    return None
 
 
 def register_request(agent_id: str, size: int) -> agent_pb2.RegisterRequest:
@@ -83,21 +96,36 @@ class Agent:
         self.session_id = ""
         self.subscribed = False
         self.retries = 0
+        self.hinted = 0  # retries after a refusal's hint
+        # The last failed attempt's `grpc-retry-pushback-ms`, in seconds; None without one.
+        self.hint_s: float | None = None
         self._heartbeat: grpc.aio.UnaryUnaryMultiCallable | None = None
 
     async def join(self) -> bool:
-        """Register and subscribe, again after each backoff step while an attempt fails."""
-        if await self._attempt(wait_for_ready=False):
-            return True
-        for delay in RECONNECT_BACKOFF_S:
+        """Register and subscribe, again after each backoff step while an attempt fails. A
+        refusal that says when to come back (`grpc-retry-pushback-ms`) is retried after exactly
+        that long, as seed 003's daemon does, and takes no backoff step (at most
+        `MAX_HINTED_RETRIES` of them)."""
+        steps = iter(RECONNECT_BACKOFF_S)
+        wait_for_ready = False
+        hinted = 0
+        while not await self._attempt(wait_for_ready=wait_for_ready):
+            if self.hint_s is not None and hinted < MAX_HINTED_RETRIES:
+                hinted += 1
+                self.hinted += 1
+                delay = self.hint_s
+            else:
+                step = next(steps, None)
+                if step is None:
+                    return False
+                delay = step
             await asyncio.sleep(delay)
             self.retries += 1
             # grpcio redials a failed connection by itself (its own backoff) and fails a call
             # at once while it is down: waiting for it makes a retry one more connection
             # attempt, as the agent's is, and not a call refused on the client side.
-            if await self._attempt(wait_for_ready=True):
-                return True
-        return False
+            wait_for_ready = True
+        return True
 
     async def _attempt(self, *, wait_for_ready: bool) -> bool:
         register = self.channel.unary_unary(
@@ -105,10 +133,12 @@ class Agent:
             request_serializer=_serialize,
             response_deserializer=agent_pb2.RegisterResponse.FromString,
         )
+        self.hint_s = None
         try:
             reply = await register(self.request, timeout=DEADLINE_S, wait_for_ready=wait_for_ready)
         except grpc.aio.AioRpcError as exc:
             _first_failure(f"register failed: {exc.code().name} {exc.details()}")
+            self.hint_s = pushback_s(exc.trailing_metadata())
             return False
         if not reply.accepted or not reply.session_id:
             _first_failure(f"register refused: {reply.reject_reason}")
@@ -124,6 +154,7 @@ class Agent:
         if self.stream.done():  # a trailers-only answer: the Subscribe was refused
             code = await self.stream.code()
             _first_failure(f"subscribe failed: {code.name}")
+            self.hint_s = pushback_s(await self.stream.trailing_metadata())
             self.stream = None
             return False
         self.subscribed = True
