@@ -8,6 +8,12 @@
 
 A peer's forwarded command reaches its router as a `LocalRouteCommand` (actors/router/api.py).
 
+The agent directory (actors/core/agent_directory.py), read without a message: the row
+`DIRECTORY_KEY` of the protected table `cluster_directory`, which the `cluster` actor owns and
+alone updates (`directory_of`); its peers are the keys of `cluster_links`. The router and the
+management plane only read it: where a target is, a broadcast's remote targets, the peers that
+are unreachable.
+
 The links that are up, read without a message: the public table `cluster_links` (peer
 address -> link), which the `cluster` actor owns and is the only writer of. Empty or absent (no
 peers, no cluster actor) means this node serves alone, and every caller then takes the
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 import attrs
 from google.protobuf.message import Message
 
+from actors.core.agent_directory import AgentDirectory
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.address import Address
@@ -96,6 +103,18 @@ class LinkEnded:
 
 CLUSTER_NAME: Final = "cluster"
 LINKS_TABLE: Final = "cluster_links"
+DIRECTORY_TABLE: Final = "cluster_directory"
+DIRECTORY_KEY: Final = "directory"
+
+
+def directory_of(runtime: LoopSystemBase) -> AgentDirectory | None:
+    """The node's agent directory, or None (no cluster actor)."""
+    table = runtime.table(DIRECTORY_TABLE)
+    try:
+        found = table.get(DIRECTORY_KEY) if table is not None else None
+    except TableGone:
+        return None
+    return found if isinstance(found, AgentDirectory) else None
 
 
 def connected_links(runtime: LoopSystemBase) -> list[PeerLink]:
@@ -109,11 +128,16 @@ def connected_links(runtime: LoopSystemBase) -> list[PeerLink]:
 
 
 def cluster_route(runtime: LoopSystemBase) -> Address | None:
-    """The `cluster` actor when at least one peer is connected, else None."""
+    """The `cluster` actor when at least one peer is connected, or the directory remembers an
+    unreachable one (its agents answer `unavailable`), else None."""
     table = runtime.table(LINKS_TABLE)
     try:
-        if table is None or not len(table):
+        if table is None:
             return None
+        if not len(table):
+            directory = directory_of(runtime)
+            if directory is None or not directory.any_unreachable():
+                return None
     except TableGone:
         return None
     return runtime.whereis(CLUSTER_NAME)

@@ -14,6 +14,11 @@ A permanent child of `gateway_sup`, after `agent_sup`. For each SendCommand the 
    cluster, gateway/cluster/actor.py), a target not held here is handed to the `cluster` actor
    instead, which asks the peers and answers for it as an owner would (docs/cluster.md); a
    peer's forwarded command (`LocalRouteCommand`) is never forwarded again;
+   During a planned stop (`StopRouting`) a target held here is refused FAILURE
+   `agent_disconnected` (its session is about to end; nothing is delivered), and only those:
+   a target not held here is still asked of the cluster, and for a peer's forwarded command it
+   is "not held here", so the forwarding node asks the next holder, never takes the refusal as
+   the answer for another node's agent;
 3. sends each held target's owner one `DeliverCommand` (the same message, the command untouched)
    with itself as `reply_to` and the command's deadline;
 4. streams every `CommandAnswer` into the handler's sink as it arrives (RUNNING frames
@@ -141,8 +146,6 @@ class Router(Process):
                 flight = self._routes.get((agent_id, command_id))
                 if flight is not None:
                     self._apply(flight, flight.fanout.failed(agent_id, reason))
-            case RouteCommand() if self._stopping is not None:
-                self._refuse(msg)
             case RouteCommand():
                 self._route(msg)
             case StopRouting(grace_s=grace_s):
@@ -202,17 +205,6 @@ class Router(Process):
         for waiter in waiters:
             self.send(waiter, RoutingStopped(len(self._flights)))
 
-    def _refuse(self, msg: RouteCommand) -> None:
-        """A command during a planned stop: every target answers agent_disconnected (its session
-        is about to end) and the command completes at once."""
-        targets = msg.agent_ids or tuple(held_agent_ids(self.runtime) or ())
-        fanout = CommandFanout(targets)
-        flight = _Flight(0, msg.command.command_id, msg.sink, fanout)
-        effects: list[Effect] = []
-        for agent_id in fanout.targets:
-            effects += fanout.refused(agent_id, "agent_disconnected")
-        self._apply(flight, [*effects, *fanout.routed()])
-
     # -- a new command -------------------------------------------------------------------------
 
     def _route(self, msg: RouteCommand) -> None:
@@ -223,6 +215,7 @@ class Router(Process):
         if resolved.warning is not None:
             log.warning("%s", resolved.warning)
         targets = msg.agent_ids or tuple(held_agent_ids(self.runtime) or ())
+        stopping = self._stopping is not None
         self._seq += 1
         self.routed += 1
         flight = _Flight(self._seq, command_id, sink, CommandFanout(targets))
@@ -245,6 +238,11 @@ class Router(Process):
                 effects += fanout.refused(agent_id, "duplicate_command_id")
                 continue
             row = agent_session(runtime, agent_id)
+            if stopping and row is not None:
+                # Its session is about to end: refused, never delivered. Only what this node
+                # holds: the rest is "not held here" (a peer's command) or asked of the cluster.
+                effects += fanout.refused(agent_id, "agent_disconnected")
+                continue
             if row is None or not runtime.is_alive(row.owner):
                 if cluster is None:
                     effects += fanout.refused(agent_id, NOT_CONNECTED)

@@ -35,6 +35,7 @@ __all__ = [
     "NOT_CONNECTED",
     "RESPONSE_KINDS",
     "ROUTER_NAME",
+    "UNAVAILABLE",
     "AbandonCommand",
     "CommandSink",
     "LocalRouteCommand",
@@ -46,6 +47,9 @@ ROUTER_NAME: Final = "router"
 
 # The FAILURE output for a target this node does not hold (or that has not subscribed yet).
 NOT_CONNECTED = "not_connected"
+# The FAILURE output for a target known to be on a node this one cannot reach now (its link is
+# down): retryable, nothing was sent (docs/cluster.md, "What an operator sees").
+UNAVAILABLE = "unavailable"
 
 # What each response on an operator's stream is (the label of
 # yuzu_gw_mgmt_command_responses_total): `agent`, a frame of the agent itself; the rest are the
@@ -58,6 +62,7 @@ ResponseKind = Literal[
     "stream_stuck",
     "too_many_pending",
     "timeout",
+    "unavailable",
 ]
 RESPONSE_KINDS: tuple[ResponseKind, ...] = (
     "agent",
@@ -67,6 +72,7 @@ RESPONSE_KINDS: tuple[ResponseKind, ...] = (
     "stream_stuck",
     "too_many_pending",
     "timeout",
+    "unavailable",
 )
 
 

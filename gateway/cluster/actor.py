@@ -10,12 +10,18 @@ A permanent child of `gateway_sup`, after the router. It
    `cluster_redial_interval_ms`: resolves the seeds, dials and challenges new peers, probes the
    links that are up, and publishes the links that are up in the public table `cluster_links`
    (actors/cluster/api.py), which the router and the management plane read;
-3. forwards the commands the router could not deliver here (`ForwardCommand`) to every
-   connected peer, each on its link's command stream (gateway/cluster/commands.py), merges
-   their answers (gateway/cluster/merge.py) and sends them to the router as an owner would
-   (`CommandAnswer`, `CommandFailed`); `ForgetCommand` tells the peers to forget it. A link
-   whose stream ends (`LinkEnded`) is down at once: its commands' unanswered targets settle
-   `agent_disconnected` and the next round dials it again.
+3. keeps the agent directory (actors/core/agent_directory.py, replicated by
+   gateway/cluster/directory.py): follows each linked peer's `Directory` call (its full sync,
+   then its joins and leaves), purges a peer's entries when its link goes down, and while any
+   peer reads this node's directory scans the agents it holds every `DIRECTORY_SCAN_S` and
+   publishes what changed;
+4. forwards the commands the router could not deliver here (`ForwardCommand`) to the one node
+   the directory says holds each target, on that link's command stream
+   (gateway/cluster/commands.py), merges the answers (gateway/cluster/merge.py: the newest
+   holder first, the next only when it says it does not hold the agent) and sends them to the
+   router as an owner would (`CommandAnswer`, `CommandFailed`); `ForgetCommand` tells the
+   peers to forget it. A link whose stream ends (`LinkEnded`) is down at once: its commands'
+   unanswered targets settle `agent_disconnected` and the next round dials it again.
 
 Never logged: the cookie, commands, agent ids.
 """
@@ -27,7 +33,9 @@ import logging
 import math
 import secrets
 import socket
-from collections.abc import Mapping
+import ssl
+import time
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -37,26 +45,39 @@ from thespian.actors import WakeupMessage
 from actors.agents.api import CommandAnswer, CommandFailed, FailReason, ForgetCommand
 from actors.cluster.api import (
     CLUSTER_NAME,
+    DIRECTORY_KEY,
+    DIRECTORY_TABLE,
     LINKS_TABLE,
     ForwardCommand,
     LinkEnded,
     PeerEnded,
     PeerFrame,
-    connected_links,
 )
+from actors.core.agent_directory import AgentDirectory
 from actors.core.warn_limit import WarnLimiter
+from actors.registry.api import held_agent_ids
+from gateway.cluster.directory import (
+    FEED_KEY,
+    DirectoryEnded,
+    DirectoryFeed,
+    DirectoryRecords,
+    follow,
+)
 from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
-from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge
+from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge, Send
 from gateway.cluster.metrics import cluster_metrics
 from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
 from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
+from gateway.config.cluster_tls import link_contexts
 from gateway.config.keys.cluster import (
     CLUSTER_MAX_LIFETIME_ADDRS,
     CLUSTER_PORT,
     CLUSTER_REDIAL_INTERVAL_MS,
     CLUSTER_SEED_DNS_NAME,
     CLUSTER_SEED_NODES,
+    cluster_tls,
 )
+from gateway.config.refusal import BootRefused
 from gateway.mgmt.metrics import mgmt_metrics
 from gateway.mgmt.plane import MgmtPlane
 from protos.yuzu.agent.v1 import agent_pb2
@@ -76,6 +97,10 @@ log = logging.getLogger("yuzu_gw.cluster")
 _ROUND = "cluster_round"
 _SERVE = "cluster_serve"
 _RESOLVE = "cluster_resolve"
+_SCAN = "cluster_directory_scan"
+# While a peer reads this node's directory, the agents held are compared with what was
+# published this often: a join or a leave reaches the peers within about this (plus a hop).
+DIRECTORY_SCAN_S = 0.1
 # A dial (connect + challenge) or a probe gets at most this long, and never more than a round.
 DIAL_TIMEOUT_S = 5.0
 # A forwarded command's peers get this much past the origin's deadline, so the origin's own
@@ -91,13 +116,21 @@ def cluster_child_spec(ctx: NodeContext) -> ChildSpec:
 
 @attrs.define(eq=False)
 class _Remote:
-    """One forwarded command: its merge (peers are the links it went to) and its deadline."""
+    """One forwarded command: its merge, the request each wave sends, its deadline, and its
+    waves' sequence numbers on their links."""
 
     command_id: str
     reply_to: Any
     merge: RemoteMerge
-    links: tuple[PeerLink, ...]
+    command: agent_pb2.CommandRequest = attrs.field(repr=False)
+    timeout_seconds: int
     expires: float
+    seqs: dict[int, PeerLink] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class _ScanNow:
+    """A peer opened this node's directory: scan while anyone reads it."""
 
 
 class Cluster(Process):
@@ -132,14 +165,35 @@ class Cluster(Process):
         self.pending: dict[PeerAddr, PeerLink] = {}
         self.limiter = WarnLimiter()
         plane = MgmtPlane(runtime=self.runtime, metrics=mgmt_metrics(ctx.registry))
+        # Read at each start, as a listener's files are: an unusable one fails this start (at
+        # boot, the boot: `start_failed`); this line says which file.
+        try:
+            tls = link_contexts(cluster_tls(config))
+        except BootRefused as refusal:
+            log.error("Cluster transport cannot start: %s", refusal)
+            raise
+        if tls is None:
+            log.warning(
+                "Cluster links are plaintext (cluster_tls_* unset): the development posture"
+                " only, commands and agent ids cross hosts in clear"
+            )
+        self.client_tls = tls.client if tls is not None else None
         self.server = ClusterServer(
-            ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc)
+            ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc),
+            tls.server if tls is not None else None,
         )
         self.serving = False
         self.binding = False
-        self.remotes: dict[int, _Remote] = {}
+        # A wave's sequence number -> its command and the wave (its route in the merge).
+        self.remotes: dict[int, tuple[_Remote, int]] = {}
         self.seq = 0
         self.forwarded = 0
+        self.directory = AgentDirectory()
+        self.feed = DirectoryFeed(self.directory, lambda: self._tell(_ScanNow()))
+        table = self.new_table(DIRECTORY_TABLE)
+        table.insert(DIRECTORY_KEY, self.directory)
+        table.insert(FEED_KEY, self.feed)
+        self.scanning = False
         self._bind()
         self._round()
 
@@ -154,22 +208,38 @@ class Cluster(Process):
             case ForwardCommand():
                 self._forward(msg)
             case PeerFrame(seq=seq, peer=peer, agent_id=agent_id, response=response):
-                remote = self.remotes.get(seq)
-                if remote is not None:
+                found = self.remotes.get(seq)
+                if found is not None:
+                    remote, wave = found
                     final = response is None or response.status != _RUNNING
                     held = response is not None
-                    effects = remote.merge.frame(peer, agent_id, held, final)
-                    self._apply(seq, remote, effects, response)
+                    route = (cast(PeerLink, peer).addr, wave)
+                    self._apply(remote, remote.merge.frame(route, agent_id, held, final), response)
             case PeerEnded(seq=seq, peer=peer):
-                remote = self.remotes.get(seq)
-                if remote is not None:
-                    self._apply(seq, remote, remote.merge.peer_ended(peer))
+                found = self.remotes.get(seq)
+                if found is not None:
+                    remote, wave = found
+                    self._apply(remote, remote.merge.ended((cast(PeerLink, peer).addr, wave)))
             case LinkEnded(peer=peer, refused=refused):
                 self._link_ended(cast(PeerLink, peer), refused)
+            case DirectoryRecords(peer=peer, records=records):
+                link = cast(PeerLink, peer)
+                if self.links.get(link.addr) is link:
+                    for record in records:
+                        self.directory.apply(link.addr, record)
+                    self._directory_gauges()
+            case DirectoryEnded(peer=peer):
+                # The peer's directory is not followed any more: the link is not trusted.
+                self._link_ended(cast(PeerLink, peer), False)
+            case _ScanNow():
+                if not self.scanning:
+                    self._scan()
+            case WakeupMessage(payload=payload) if payload == _SCAN:
+                self.scanning = False
+                self._scan()
             case ForgetCommand(command_id=command_id):
-                for seq, remote in list(self.remotes.items()):
-                    if remote.command_id == command_id:
-                        self._drop(seq, remote, forget=True)
+                for remote in {r for r, _ in self.remotes.values() if r.command_id == command_id}:
+                    self._drop(remote, forget=True)
             case _:
                 pass
 
@@ -189,7 +259,10 @@ class Cluster(Process):
             "peers_connected": self.membership.peers_connected,
             "addresses_over_cap": self.membership.capped,
             "forwarded_commands": self.forwarded,
-            "forwards_in_flight": len(self.remotes),
+            "forwards_in_flight": len({id(r) for r, _ in self.remotes.values()}),
+            "directory_local_agents": self.directory.local_count(),
+            "directory_remote_agents": self.directory.remote_count(),
+            "directory_readers": self.feed.readers,
         }
 
     # -- the transport -------------------------------------------------------------------------
@@ -201,7 +274,7 @@ class Cluster(Process):
         self.run_worker(self._serve(), _SERVE)
 
     async def _serve(self) -> int:
-        await self.server.start(self.host, self.port)
+        await self.server.serve(self.host, self.port)
         return self.server.bound_port(self.port)
 
     # -- membership ----------------------------------------------------------------------------
@@ -210,6 +283,8 @@ class Cluster(Process):
         self._bind()
         self._perform(self.membership.tick(self.now()))
         self._expire()
+        self.directory.expire(self.now())
+        self._directory_gauges()
         self.wakeupAfter(self.interval_s, _ROUND)
 
     def _perform(self, effects: list[Effect]) -> None:
@@ -218,7 +293,7 @@ class Cluster(Process):
                 case Resolve():
                     self.run_worker(self._resolve(), _RESOLVE)
                 case Dial(addr=addr):
-                    link = PeerLink(addr, self.cookie, self.node_id)
+                    link = PeerLink(addr, self.cookie, self.node_id, self.client_tls)
                     self.pending[addr] = link
                     self.run_worker(link.dial(self._dial_timeout(), self._tell), ("dial", addr))
                 case Probe(addr=addr):
@@ -279,9 +354,18 @@ class Cluster(Process):
                 outcome = cast(DialOutcome, done.result if error is None else "failed")
                 if outcome == "up" and link.ended:
                     outcome = "failed"  # its stream broke before this was read: not up
+                if isinstance(error, ssl.SSLError):
+                    self._warn(
+                        ("tls", addr),
+                        "Cluster peer %s failed the TLS handshake (%s)",
+                        addr,
+                        getattr(error, "reason", None) or type(error).__name__,
+                    )
                 if self.membership.dialed(addr, outcome):
                     self.links.insert(addr, link)
                     log.info("Cluster peer %s connected", addr)
+                    # The full sync of its agents, then their joins and leaves.
+                    self.run_worker(follow(link, self._tell), ("directory", addr))
                 else:
                     link.close()
                     if outcome == "refused":
@@ -304,7 +388,23 @@ class Cluster(Process):
             self.links.delete(addr)
             link.close()
             log.warning("Cluster peer %s lost", addr)
+        self.directory.purge(addr, self.now())
         self._gauges()
+        self._directory_gauges()
+
+    def _directory_gauges(self) -> None:
+        self.metrics.directory_agents.set(self.directory.remote_count())
+        self.metrics.unreachable_peers.set(len(self.directory.unreachable_peers()))
+
+    def _scan(self) -> None:
+        """Publish the joins and leaves of this node's agents since the last scan (module doc);
+        again in `DIRECTORY_SCAN_S` while any peer reads them."""
+        if not self.feed.readers:
+            return
+        held = frozenset(held_agent_ids(self.runtime) or ())
+        self.feed.publish(self.directory.observe(held, int(time.time() * 1000)))
+        self.scanning = True
+        self.wakeupAfter(DIRECTORY_SCAN_S, _SCAN)
 
     def _gauges(self) -> None:
         self.metrics.resolved.set(self.membership.peers_resolved)
@@ -318,35 +418,52 @@ class Cluster(Process):
     # -- forwarded commands --------------------------------------------------------------------
 
     def _forward(self, msg: ForwardCommand) -> None:
-        links = connected_links(self.runtime)
-        command_id = msg.command.command_id
-        if not links:
-            for agent_id in msg.agent_ids:
-                self.send(msg.reply_to, CommandFailed(agent_id, command_id, _NOT_CONNECTED))
-            return
-        self.seq += 1
+        """Each target to the reachable node the directory says holds it (newest first)."""
+        links = self.links
+        directory = self.directory
+        candidates: dict[str, list[Hashable]] = {}
+        lost: list[str] = []
+        for agent_id in msg.agent_ids:
+            candidates[agent_id] = [p for p in directory.candidates(agent_id) if p in links]
+            if directory.unreachable_holder(agent_id) is not None:
+                lost.append(agent_id)
         self.forwarded += 1
-        seq = self.seq
         remaining = msg.deadline - self.now()
-        request = mgmt.SendCommandRequest(
-            agent_ids=msg.agent_ids,
-            command=msg.command,
-            timeout_seconds=max(1, math.ceil(remaining)) + 1,
+        remote = _Remote(
+            msg.command.command_id,
+            msg.reply_to,
+            RemoteMerge(candidates, lost),
+            msg.command,
+            max(1, math.ceil(remaining)) + 1,
+            msg.deadline + FORWARD_SLACK_S,
         )
-        merge = RemoteMerge(msg.agent_ids, links)
-        expires = msg.deadline + FORWARD_SLACK_S
-        self.remotes[seq] = _Remote(command_id, msg.reply_to, merge, tuple(links), expires)
-        for link in links:
-            link.forward(seq, request)
+        self._apply(remote, remote.merge.start())
+
+    def _send(self, remote: _Remote, send: Send) -> list[MergeEffect]:
+        """One wave's frame to its peer; a peer gone since is the route ending at once."""
+        link = cast(PeerLink | None, self.links.get(send.peer))
+        if link is None:
+            return remote.merge.ended((send.peer, send.wave))
+        self.seq += 1
+        remote.seqs[self.seq] = link
+        self.remotes[self.seq] = (remote, send.wave)
+        request = mgmt.SendCommandRequest(
+            agent_ids=send.agent_ids,
+            command=remote.command,
+            timeout_seconds=remote.timeout_seconds,
+        )
+        self.metrics.forwards.inc()
+        self.metrics.forwarded_targets.inc(len(send.agent_ids))
+        link.forward(self.seq, request)
+        return []
 
     def _link_ended(self, link: PeerLink, refused: bool) -> None:
-        """The link's command stream is over: every command on it has its last word from that
-        peer now, and the link is down (the next round dials it again)."""
+        """The link's command stream (or its directory) is over: every command on it has its
+        last word from that peer now, and the link is down (the next round dials it again)."""
         if refused:
             self.metrics.refused.inc()
-        for seq, remote in list(self.remotes.items()):
-            if link in remote.links:
-                self._apply(seq, remote, remote.merge.peer_ended(link))
+        for remote in {r for r, _ in self.remotes.values() if link in r.seqs.values()}:
+            self._apply(remote, remote.merge.peer_ended(link.addr))
         if self.links.get(link.addr) is link and self.membership.lost(link.addr):
             self._link_down(link.addr)
 
@@ -354,34 +471,32 @@ class Cluster(Process):
         """Forwarded commands still owed past their deadline and slack (their router went
         without a ForgetCommand): settled, and their peers told to forget them."""
         now = self.now()
-        for seq, remote in list(self.remotes.items()):
-            if remote.expires <= now:
-                self._drop(seq, remote, forget=True)
-                effects = [e for link in remote.links for e in remote.merge.peer_ended(link)]
-                self._apply(seq, remote, effects)
+        for remote in {r for r, _ in self.remotes.values() if r.expires <= now}:
+            self._drop(remote, forget=True)
+            effects = [e for route in remote.merge.routes() for e in remote.merge.ended(route)]
+            self._apply(remote, effects)
 
     def _apply(
         self,
-        seq: int,
         remote: _Remote,
         effects: list[MergeEffect],
         response: agent_pb2.CommandResponse | None = None,
     ) -> None:
-        for effect in effects:
-            match effect:
+        pending = list(effects)
+        while pending:
+            match pending.pop(0):
                 case Answer(agent_id=agent_id):
                     self.send(remote.reply_to, CommandAnswer(agent_id, cast(Any, response)))
                 case Fail(agent_id=agent_id, reason=reason):
                     failed = CommandFailed(agent_id, remote.command_id, cast(FailReason, reason))
                     self.send(remote.reply_to, failed)
+                case Send() as send:
+                    pending += self._send(remote, send)
         if remote.merge.done:
-            self._drop(seq, remote)
+            self._drop(remote)
 
-    def _drop(self, seq: int, remote: _Remote, *, forget: bool = False) -> None:
+    def _drop(self, remote: _Remote, *, forget: bool = False) -> None:
         """`forget`: the command ended here before every peer answered; they drop it too."""
-        if self.remotes.pop(seq, None) is not None and forget:
-            for link in remote.links:
+        for seq, link in remote.seqs.items():
+            if self.remotes.pop(seq, None) is not None and forget:
                 link.forget(seq)
-
-
-_NOT_CONNECTED = cast(FailReason, "not_connected")

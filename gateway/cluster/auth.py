@@ -26,6 +26,7 @@ import secrets
 import struct
 
 __all__ = [
+    "MAX_LINKS",
     "MAX_SERVER_NONCES",
     "REPLAY_WINDOW",
     "UNAUTHENTICATED_DETAILS",
@@ -48,9 +49,13 @@ NONCE_BYTES = 16
 # Calls of one link may reach the handler slightly out of order (HTTP/2 streams are started in
 # order, their tasks are not); a sequence number this far behind the highest seen is refused.
 REPLAY_WINDOW = 4096
-# Links the node accepts at once; the oldest challenge is forgotten past it (its dialler's next
-# call is refused UNAUTHENTICATED and it challenges again at its next round).
+# Challenges answered but not yet used by a signed call; anyone can ask for one (Challenge is
+# unauthenticated), so past this the oldest PENDING one is forgotten (its dialler's next call is
+# refused UNAUTHENTICATED and it challenges again at its next round), never an established link.
 MAX_SERVER_NONCES = 1024
+# Established links (a nonce a call signed with the cookie has used): only a cookie holder can
+# add one, so a flood of challenges or of badly signed calls never evicts a live link.
+MAX_LINKS = 1024
 # A sealed frame: kind (1 byte), sequence number and command id (8 bytes each), then the MAC.
 FRAME_HEAD = struct.Struct(">cQQ")
 MAC_BYTES = hashlib.sha256().digest_size
@@ -105,33 +110,43 @@ class ReplayWindow:
 
 
 class ServerNonces:
-    """The challenges this node answered, newest last, at most `cap`."""
+    """The challenges this node answered: pending ones (at most `cap`, newest last) and the
+    established links, those a correctly signed call has used (at most `links`)."""
 
-    def __init__(self, cap: int = MAX_SERVER_NONCES) -> None:
+    def __init__(self, cap: int = MAX_SERVER_NONCES, links: int = MAX_LINKS) -> None:
         self._cap = cap
-        self._windows: collections.OrderedDict[str, ReplayWindow] = collections.OrderedDict()
+        self._links_cap = links
+        self._pending: collections.OrderedDict[str, ReplayWindow] = collections.OrderedDict()
+        self._links: collections.OrderedDict[str, ReplayWindow] = collections.OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._windows)
+        return len(self._pending) + len(self._links)
 
     def issue(self) -> str:
         nonce = new_nonce()
-        self._windows[nonce] = ReplayWindow()
-        while len(self._windows) > self._cap:
-            self._windows.popitem(last=False)
+        self._pending[nonce] = ReplayWindow()
+        while len(self._pending) > self._cap:
+            self._pending.popitem(last=False)
         return nonce
 
     def check(self, cookie: str, value: str, method: str) -> bool:
         """A call's `x-yuzu-cluster-auth` value: signed for `method` on a live challenge, and
-        its sequence number not seen before."""
+        its sequence number not seen before. The first such call establishes the link."""
         parsed = parse_call_auth(value)
         if parsed is None:
             return False
         nonce, seq, mac = parsed
-        window = self._windows.get(nonce)
+        window = self._links.get(nonce) or self._pending.get(nonce)
         if window is None or not verify(call_proof(cookie, nonce, seq, method), mac):
             return False
-        return window.accept(seq)
+        if not window.accept(seq):
+            return False
+        if self._pending.pop(nonce, None) is not None:
+            self._links[nonce] = window
+            # Only cookie holders get here: their redials retire their own old links.
+            while len(self._links) > self._links_cap:
+                self._links.popitem(last=False)
+        return True
 
 
 def stream_key(cookie: str, server_nonce: str, seq: int) -> bytes:

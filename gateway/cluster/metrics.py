@@ -1,5 +1,6 @@
-"""`yuzu_gw_cluster_peers_resolved` and `yuzu_gw_cluster_peers_connected` (seed: "Gateway
-Clustering"); both exist at 0 from the start, so a node serving alone shows 0, not nothing."""
+"""The cluster's metrics (seed: "Gateway Clustering"; docs/cluster.md, "Metrics"): membership,
+refusals, the agent directory and the forwarded commands. All exist at 0 from the start, so a
+node serving alone shows 0, not nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ class ClusterMetrics:
     resolved: Gauge
     connected: Gauge
     refused: Counter
+    directory_agents: Gauge
+    unreachable_peers: Gauge
+    forwards: Counter
+    forwarded_targets: Counter
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, ClusterMetrics] = (
@@ -40,6 +45,26 @@ def cluster_metrics(registry: CollectorRegistry) -> ClusterMetrics:
             Counter(
                 "yuzu_gw_cluster_auth_refused",
                 "Inter-node links and calls refused: a peer's cookie proof was missing or wrong.",
+                registry=registry,
+            ),
+            Gauge(
+                "yuzu_gw_cluster_directory_agents",
+                "Agents the directory places on a reachable peer (this node's own excluded).",
+                registry=registry,
+            ),
+            Gauge(
+                "yuzu_gw_cluster_unreachable_peers",
+                "Peers whose link went down and whose agents are remembered as unavailable.",
+                registry=registry,
+            ),
+            Counter(
+                "yuzu_gw_cluster_forwards",
+                "Forwarded-command frames sent to peers (one per peer that holds targets).",
+                registry=registry,
+            ),
+            Counter(
+                "yuzu_gw_cluster_forwarded_targets",
+                "Targets named in forwarded-command frames (each sent to its holder only).",
                 registry=registry,
             ),
         )

@@ -14,18 +14,26 @@ a local operator's would be:
 | ListAgents, GetAgent | as the management plane | its own agents |
 | WatchEvents | WatchEventsRequest -> stream AgentEvent | its own agents' events |
 | HeldAgents | Empty -> WatchEventsRequest | the ids of its agents, in `agent_ids` |
+| Directory | Empty -> stream Frame | its agent directory (gateway/cluster/directory.py) |
 
 (1) Every forwarded SendCommand and its answers, as sealed frames (gateway/cluster/commands.py),
 routed to its own agents.
 
 `PeerLink` is the dialling side: one grpclib channel (one HTTP/2 connection) per peer, and on
 it the link's one command stream.
+
+Both take the links' TLS context (gateway/config/cluster_tls.py) or None for plaintext links (the
+development posture): over TLS a connection reaches grpclib, and so any method, only once its
+mutual handshake is done, and the server drops it unread unless the peer's leaf also carries
+serverAuth, as a gateway's does and an agent's, of the same install CA, does not (OpenSSL checks
+only clientAuth of a client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -49,6 +57,8 @@ from gateway.cluster.auth import (
     verify,
 )
 from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
+from gateway.cluster.directory import DIRECTORY_METHOD, serve_directory
+from gateway.config.certs import read_peer
 from gateway.config.cluster_seeds import PeerAddr
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.mgmt.agents import get_agent, list_agents
@@ -96,6 +106,9 @@ class ClusterService:
             ),
             SERVICE + COMMANDS_METHOD: self._signed(
                 COMMANDS_METHOD, self._commands, Cardinality.STREAM_STREAM, Frame, Frame
+            ),
+            SERVICE + DIRECTORY_METHOD: self._signed(
+                DIRECTORY_METHOD, self._directory, stream, Empty, Frame
             ),
             SERVICE + "ListAgents": self._signed(
                 "ListAgents",
@@ -161,6 +174,10 @@ class ClusterService:
         ids = held_agent_ids(self._plane.runtime) or []
         await stream.send_message(mgmt.WatchEventsRequest(agent_ids=ids))
 
+    async def _directory(self, stream: Stream[Any, Any]) -> None:
+        """This node's agent directory: its full sync, then its joins and leaves."""
+        await serve_directory(stream, self._plane.runtime)
+
     async def _commands(self, stream: Stream[Frame, Frame]) -> None:
         # `_signed` checked the signature: its (sn, seq) keys the stream's frames.
         parsed = parse_call_auth(stream.metadata[AUTH_KEY]) if stream.metadata else None
@@ -183,19 +200,23 @@ class ClusterServer(Server):
     (gateway/listeners/h2_closed_streams.py).
     Written against grpclib 0.4.9 (`_protocol_factory`)."""
 
-    def __init__(self, service: ClusterService) -> None:
+    def __init__(self, service: ClusterService, tls: ssl.SSLContext | None = None) -> None:
         super().__init__([service])
+        self._tls = tls
         self._transports: set[asyncio.BaseTransport] = set()
 
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()
         made, lost = protocol.connection_made, protocol.connection_lost
         transports = self._transports
+        tls = self._tls
 
         def connection_made(transport: asyncio.BaseTransport) -> None:
             transports.add(transport)
             made(transport)
             bound_closed_streams(protocol.connection._connection)
+            if tls is not None and not _gateway_leaf(transport):
+                transport.abort()  # before grpclib has read a byte of it
 
         def connection_lost(exc: Exception | None) -> None:
             transports.difference_update([t for t in transports if t.is_closing()])
@@ -204,6 +225,10 @@ class ClusterServer(Server):
         protocol.connection_made = connection_made  # type: ignore[method-assign]
         protocol.connection_lost = connection_lost  # type: ignore[method-assign]
         return protocol
+
+    async def serve(self, host: str, port: int) -> None:
+        """Listen on `host`:`port`, over TLS when the server was given a context."""
+        await self.start(host, port, ssl=self._tls)
 
     def bound_port(self, default: int) -> int:
         sockets = self._server.sockets if self._server is not None else ()
@@ -214,6 +239,13 @@ class ClusterServer(Server):
         for transport in list(self._transports):
             transport.close()
         self._transports.clear()
+
+
+def _gateway_leaf(transport: asyncio.BaseTransport) -> bool:
+    """The TLS peer's leaf is a gateway's: it may serve as well as dial (module doc)."""
+    tls = transport.get_extra_info("ssl_object")
+    peer = read_peer(tls.getpeercert(binary_form=True) if tls is not None else None)
+    return peer is not None and peer.server_auth
 
 
 class _PeerChannel(Channel):
@@ -236,11 +268,13 @@ class _PeerChannel(Channel):
 class PeerLink:
     """The dialling side of one peer (module doc). `challenge` first; then the signed calls."""
 
-    def __init__(self, addr: PeerAddr, cookie: str, node_id: str) -> None:
+    def __init__(
+        self, addr: PeerAddr, cookie: str, node_id: str, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.addr = addr
         self._cookie = cookie
         self._node_id = node_id
-        self._channel: Channel = _PeerChannel(addr.host, addr.port)
+        self._channel: Channel = _PeerChannel(addr.host, addr.port, ssl=tls)
         self._server_nonce: str | None = None
         self._seq = 0
         self._commands: CommandLink | None = None

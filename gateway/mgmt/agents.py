@@ -12,9 +12,17 @@
   NOT_FOUND when this node does not hold it.
 
 In a cluster both cover every node (docs/cluster.md): ListAgents merges each node's page after
-the same cursor (an agent two nodes hold is listed once), GetAgent asks the peers when this node
-does not hold the agent; a peer that does not answer in time is left out. `local=True` is a
-peer's own call, answered from this node's agents only.
+the same cursor (an agent two nodes hold is listed once); GetAgent asks the nodes the agent
+directory says hold the agent, newest first, and no other. `local=True` is a peer's own call,
+answered from this node's agents only.
+
+**A node that could not be reached is never hidden.** ListAgents without a peer's page (it did
+not answer in time, or its link is down) still answers what it has, names the missing nodes in
+the trailing metadata `x-yuzu-unreachable-nodes` (comma-separated cluster addresses) and in the
+status message, and never claims the listing complete: `next_cursor` is the page's last id (the
+request's cursor when the page is empty), so a client that pages on reads again; an empty first
+page with a node missing is UNAVAILABLE, naming them, with a retry hint. GetAgent of an agent
+known only on an unreachable node is UNAVAILABLE naming it, not NOT_FOUND.
 
 Both answer UNAVAILABLE, with a retry hint, while the registry is not running (its tables are gone
 with it).
@@ -31,18 +39,20 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Iterable
+from typing import cast
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.cluster.api import connected_links
+from actors.cluster.api import connected_links, directory_of
 from actors.registry.api import AGENTS_BY_ID, AgentRow, agent_session, held_agent_ids
 from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.plane import MgmtPlane, receive
-from gateway.mgmt.remote import merge_pages, peer_agent, peer_pages
+from gateway.mgmt.remote import PeerCalls, merge_pages, peer_agent, peer_pages
 from protos.yuzu.common.v1 import common_pb2
 from protos.yuzu.server.v1 import management_pb2
+from supervisors.runtime import LoopSystemBase
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
@@ -58,6 +68,7 @@ DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
 REGISTRY_UNAVAILABLE_DETAILS = "agent registry unavailable"
 NOT_HELD_DETAILS = "agent not held by this gateway"
+UNREACHABLE_KEY = "x-yuzu-unreachable-nodes"
 
 
 def page_limit(requested: int) -> int:
@@ -86,6 +97,10 @@ def _summary(row: AgentRow, now_ms: int) -> management_pb2.AgentSummary:
     return summary
 
 
+def _links(runtime: LoopSystemBase) -> list[PeerCalls]:
+    return cast(list[PeerCalls], connected_links(runtime))
+
+
 async def list_agents(
     plane: MgmtPlane,
     stream: Stream[management_pb2.ListAgentsRequest, management_pb2.ListAgentsResponse],
@@ -105,10 +120,25 @@ async def list_agents(
         row = agent_session(runtime, agent_id)
         if row is not None:
             answer.agents.append(_summary(row, now_ms))
-    links = [] if local else connected_links(runtime)
+    links = [] if local else _links(runtime)
+    directory = None if local else directory_of(runtime)
+    missing = [str(p) for p in directory.unreachable_peers()] if directory is not None else []
     if links:
-        answer = merge_pages([answer, *await peer_pages(links, request)], limit)
+        pages, failed = await peer_pages(links, request)
+        answer = merge_pages([answer, *pages], limit)
+        missing += [str(p) for p in failed]
+    if not missing:
+        await stream.send_message(answer)
+        return
+    named = ",".join(sorted(set(missing)))
+    if not answer.next_cursor:
+        answer.next_cursor = answer.agents[-1].agent_id if answer.agents else request.cursor
+    if not answer.next_cursor:
+        raise HintedRefusal(RefusalKind.RESTARTING, f"gateway node(s) unreachable: {named}")
     await stream.send_message(answer)
+    await stream.send_trailing_metadata(
+        status_message=f"gateway node(s) unreachable: {named}", metadata={UNREACHABLE_KEY: named}
+    )
 
 
 async def get_agent(
@@ -123,9 +153,16 @@ async def get_agent(
         raise HintedRefusal(RefusalKind.RESTARTING, REGISTRY_UNAVAILABLE_DETAILS)
     row = agent_session(runtime, request.agent_id)
     if row is None:
-        links = [] if local else connected_links(runtime)
-        found = await peer_agent(links, request) if links else None
+        directory = None if local else directory_of(runtime)
+        if directory is None:
+            raise GRPCError(Status.NOT_FOUND, NOT_HELD_DETAILS)
+        by_addr = {link.addr: link for link in _links(runtime)}
+        holders = [by_addr[p] for p in directory.candidates(request.agent_id) if p in by_addr]
+        found = await peer_agent(holders, request) if holders else None
         if found is None:
+            lost = directory.unreachable_holder(request.agent_id)
+            if lost is not None:
+                raise HintedRefusal(RefusalKind.RESTARTING, f"gateway node {lost} unreachable")
             raise GRPCError(Status.NOT_FOUND, NOT_HELD_DETAILS)
         await stream.send_message(found)
         return

@@ -9,6 +9,8 @@ what the router puts in the sink to the operator's stream until the router finis
 | no router running (it is restarting) | UNAVAILABLE "command router unavailable", retry hint |
 | each target | its frames as they arrive, RUNNING included, then one terminal answer |
 | in a cluster, a target another node holds | the same, through that node (docs/cluster.md) |
+| a target known to be on a node this one cannot reach | FAILURE `unavailable` (retryable) |
+| a broadcast that could not reach a node | after the answers, one line per such node (below) |
 | every target answered terminally, or the timeout | the stream ends OK |
 | the router ends with the command in flight | what was queued, then UNAVAILABLE |
 
@@ -18,6 +20,13 @@ already written stand; the rest are lost, and an agent may still have run the co
 operator should not blindly retry a command that is not idempotent. Both UNAVAILABLE answers log
 one WARNING naming only the class of the failure (noproc, killed, crash), at most one a second
 with a count of the lines held back.
+
+**A broadcast in a cluster** addresses every agent the agent directory knows (this node's, and
+each peer's through that peer alone; actors/core/agent_directory.py). A node it could not reach
+(its link is down, or its directory has not arrived yet) is named after the answers by one line
+of its own: a response with an empty `agent_id` and FAILURE `unavailable`, whose `error` has
+code `node_unreachable` and the node's cluster address in `metadata["node"]`
+(`NODE_UNREACHABLE`); the agents known to be on it have answered `unavailable` each.
 
 **A slow operator never holds the router.** The router only calls `put` and `finish`, which
 never wait. The sink keeps every terminal answer (one per target, so at most the number of
@@ -40,11 +49,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from actors.cluster.api import connected_links
+from actors.cluster.api import connected_links, directory_of
 from actors.registry.api import held_agent_ids
 from actors.router.api import (
     NOT_CONNECTED,
     ROUTER_NAME,
+    UNAVAILABLE,
     AbandonCommand,
     LocalRouteCommand,
     ResponseKind,
@@ -53,13 +63,16 @@ from actors.router.api import (
 from gateway.listeners.retry_hint import HintedRefusal, RefusalKind
 from gateway.mgmt.metrics import CommandOutcome, MgmtMetrics
 from gateway.mgmt.plane import MgmtPlane, receive
-from gateway.mgmt.remote import cluster_held_ids
+from protos.yuzu.agent.v1 import agent_pb2
+from protos.yuzu.common.v1 import common_pb2
 from protos.yuzu.server.v1 import management_pb2
 from supervisors.reason import ExitReason
+from supervisors.runtime import LoopSystemBase
 
 __all__ = [
     "EMPTY_COMMAND_ID_DETAILS",
     "END_WRITE_GRACE_S",
+    "NODE_UNREACHABLE",
     "PROGRESS_QUEUE_MAX",
     "ROUTER_DOWN_DETAILS",
     "ROUTER_UNAVAILABLE_DETAILS",
@@ -79,6 +92,8 @@ END_WRITE_GRACE_S = 30.0
 EMPTY_COMMAND_ID_DETAILS = "command.command_id is required"
 ROUTER_UNAVAILABLE_DETAILS = "command router unavailable"
 ROUTER_DOWN_DETAILS = "command router restarted; answers not yet received are lost"
+# The error code of a broadcast's line for a node it could not reach (module doc).
+NODE_UNREACHABLE = "node_unreachable"
 _NOT_RUNNING_LOG = "SendCommand: the command router is not running (%s); answered UNAVAILABLE"
 _ENDED_LOG = (
     "SendCommand: the command router ended with commands in flight (%s); answered UNAVAILABLE"
@@ -238,10 +253,9 @@ async def run_command(
         plane.warn(("router", "noproc"), _NOT_RUNNING_LOG, "noproc")
         raise HintedRefusal(RefusalKind.RESTARTING, ROUTER_UNAVAILABLE_DETAILS)
     agent_ids = tuple(request.agent_ids)
-    links = [] if local or agent_ids else connected_links(runtime)
-    if links:
-        # A broadcast in a cluster: every node's agents, named (docs/cluster.md).
-        agent_ids = (*(held_agent_ids(runtime) or ()), *await cluster_held_ids(links))
+    unreached: list[str] = []
+    if not local and not agent_ids:
+        agent_ids, unreached = _broadcast_targets(runtime)
     sink = OperatorSink(metrics, not_held_bare=local)
     # Watched for the whole stream: a router that dies (or was already gone: the callback runs
     # at once) ends it UNAVAILABLE.
@@ -252,6 +266,9 @@ async def run_command(
     outcome: CommandOutcome = "abandoned"
     try:
         outcome = await _relay(stream, sink)
+        if outcome in ("completed", "timeout"):
+            for node in unreached:
+                await stream.send_message(_unreached_line(command.command_id, node))
     finally:
         runtime.demonitor(monitor)
         metrics.in_flight.dec()
@@ -262,6 +279,37 @@ async def run_command(
         plane.warn(("router", sink.failure), _ENDED_LOG, sink.failure)
         raise GRPCError(Status.UNAVAILABLE, ROUTER_DOWN_DETAILS)
     return outcome
+
+
+def _broadcast_targets(runtime: LoopSystemBase) -> tuple[tuple[str, ...], list[str]]:
+    """A broadcast's targets in a cluster: this node's agents, each peer's as the directory
+    knows them, those known to be on an unreachable peer; and the nodes it cannot reach (module
+    doc). Alone (no directory, or nothing in it) it is every agent held here, as on one node."""
+    directory = directory_of(runtime)
+    links = connected_links(runtime)
+    if directory is None or not (links or directory.unreachable_peers()):
+        return (), []
+    held = held_agent_ids(runtime) or []
+    plan, lost = directory.broadcast_plan(frozenset(held))
+    remote = [agent_id for agents in (*plan.values(), *lost.values()) for agent_id in agents]
+    unsynced = [link.addr for link in links if not directory.synced(link.addr)]
+    unreached = sorted({str(peer) for peer in (*lost, *unsynced)})
+    return (*held, *remote), unreached
+
+
+def _unreached_line(command_id: str, node: str) -> management_pb2.SendCommandResponse:
+    error = common_pb2.ErrorDetail(
+        code=NODE_UNREACHABLE,
+        message=f"gateway node {node} unreachable: agents it holds may be missing here",
+        metadata={"node": node},
+    )
+    response = agent_pb2.CommandResponse(
+        command_id=command_id,
+        status=agent_pb2.CommandResponse.Status.FAILURE,
+        output=UNAVAILABLE,
+        error=error,
+    )
+    return management_pb2.SendCommandResponse(agent_id="", response=response)
 
 
 async def _relay(stream: ResponseWriter, sink: OperatorSink) -> CommandOutcome:

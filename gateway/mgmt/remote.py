@@ -1,6 +1,6 @@
-"""The management plane's reach to the other nodes (ListAgents, GetAgent, WatchEvents and the
-broadcast's targets). A peer that does not answer within `PEER_CALL_TIMEOUT_S` is left out of
-the answer (its link is not judged here: the membership probe does that).
+"""The management plane's reach to the other nodes (ListAgents, GetAgent, WatchEvents). A peer
+that does not answer within `PEER_CALL_TIMEOUT_S` is left out of the answer, and named as such
+(its link is not judged here: the membership probe does that).
 
 The links are the cluster's (gateway/cluster/transport.py `PeerLink`, read from the
 `cluster_links` table); this module needs only the two calls of `PeerCalls`, so the cluster,
@@ -14,7 +14,6 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from google.protobuf import empty_pb2
 from google.protobuf.message import Message
 
 from actors.cluster.api import connected_links
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "PEER_CALL_TIMEOUT_S",
     "PeerCalls",
-    "cluster_held_ids",
     "merge_pages",
     "peer_agent",
     "peer_pages",
@@ -59,7 +57,9 @@ class PeerCalls(Protocol):
 
 async def _ask_all(
     links: Sequence[PeerCalls], method: str, request: Message, reply: type[M]
-) -> list[M]:
+) -> tuple[list[M], list[PeerAddr]]:
+    """The answers, in the order of `links`, and the peers that gave none."""
+
     async def one(link: PeerCalls) -> M | None:
         try:
             return await link.unary(method, request, reply, PEER_CALL_TIMEOUT_S)
@@ -68,12 +68,13 @@ async def _ask_all(
             return None
 
     answers = await asyncio.gather(*(one(link) for link in links))
-    return [a for a in answers if a is not None]
+    missing = [link.addr for link, answer in zip(links, answers, strict=True) if answer is None]
+    return [a for a in answers if a is not None], missing
 
 
 async def peer_pages(
     links: Sequence[PeerCalls], request: mgmt.ListAgentsRequest
-) -> list[mgmt.ListAgentsResponse]:
+) -> tuple[list[mgmt.ListAgentsResponse], list[PeerAddr]]:
     return await _ask_all(links, "ListAgents", request, mgmt.ListAgentsResponse)
 
 
@@ -95,14 +96,9 @@ def merge_pages(pages: Sequence[mgmt.ListAgentsResponse], limit: int) -> mgmt.Li
 async def peer_agent(
     links: Sequence[PeerCalls], request: mgmt.GetAgentRequest
 ) -> mgmt.GetAgentResponse | None:
-    found = await _ask_all(links, "GetAgent", request, mgmt.GetAgentResponse)
+    """The first answer in the order of `links` (the directory's, newest holder first)."""
+    found, _ = await _ask_all(links, "GetAgent", request, mgmt.GetAgentResponse)
     return found[0] if found else None
-
-
-async def cluster_held_ids(links: Sequence[PeerCalls]) -> list[str]:
-    """Every agent id the peers hold (a broadcast's targets beyond this node)."""
-    answers = await _ask_all(links, "HeldAgents", empty_pb2.Empty(), mgmt.WatchEventsRequest)
-    return [agent_id for answer in answers for agent_id in answer.agent_ids]
 
 
 async def _relay_one(link: PeerCalls, request: mgmt.WatchEventsRequest, watcher: Watcher) -> None:

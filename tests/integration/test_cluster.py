@@ -9,7 +9,7 @@ import contextlib
 import logging
 import secrets
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -18,7 +18,7 @@ from google.protobuf import empty_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from actors.cluster.api import CLUSTER_NAME, connected_links
+from actors.cluster.api import CLUSTER_NAME, connected_links, directory_of
 from actors.registry.api import held_agent_ids
 from actors.upstream.api import upstream_channel
 from gateway.cluster.transport import PeerLink
@@ -59,12 +59,15 @@ def peers(node: Node) -> int:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp_path: Path, count: int, cookies: Sequence[str] | None = None
+    tmp_path: Path,
+    count: int,
+    cookies: Sequence[str] | None = None,
+    seeds_of: Callable[[int, list[int]], list[str]] | None = None,
 ) -> AsyncIterator[list[Node]]:
-    """`count` nodes sharing one fake server, seeded with every node's cluster address, and
-    (with one cookie for all) connected to each other before the test starts."""
+    """`count` nodes sharing one fake server, seeded with every node's cluster address (or
+    node n with `seeds_of(n, ports)`), and (with one cookie for all) connected to each other
+    before the test starts."""
     ports = [free_port() for _ in range(count)]
-    seeds = ", ".join(f'<<"127.0.0.1:{port}">>' for port in ports)
     shared = secrets.token_hex(32)
     async with FakeUpstream() as fake, contextlib.AsyncExitStack() as stack:
         upstream = (
@@ -73,6 +76,8 @@ async def cluster(
         )
         nodes: list[Node] = []
         for n, port in enumerate(ports):
+            named = seeds_of(n, ports) if seeds_of else [f"127.0.0.1:{p}" for p in ports]
+            seeds = ", ".join(f'<<"{seed}">>' for seed in named)
             text = TEST_CONFIG.read_text().replace("{allow_no_upstream, true}", upstream)
             text = text.replace("{cluster_seed_nodes, []}", f"{{cluster_seed_nodes, [{seeds}]}}")
             text = text.replace(
@@ -98,11 +103,33 @@ async def cluster(
             await until(
                 lambda: all(peers(node) == count - 1 for node in nodes), "the cluster", FORM_S
             )
-        yield nodes
+        for node in nodes:
+            _MEMBERS[id(node)] = nodes
+        try:
+            yield nodes
+        finally:
+            for node in nodes:
+                _MEMBERS.pop(id(node), None)
+
+
+# Each node of a running `cluster` -> all its nodes (for `hold`).
+_MEMBERS: dict[int, list[Node]] = {}
+
+
+def knows(node: Node, agent_id: str) -> bool:
+    """Whether `node`'s agent directory places `agent_id` on a peer."""
+    assert node.runtime is not None
+    directory = directory_of(node.runtime)
+    return directory is not None and bool(directory.candidates(agent_id))
 
 
 async def hold(node: Node, agent: Agent, agent_id: str) -> grpc.aio.StreamStreamCall:
-    return await connect(node, agent, agent_id)
+    """The agent's stream on `node`, once every other node of its cluster knows it is there
+    (a join reaches the peers within a directory scan and a hop; docs/cluster.md)."""
+    stream = await connect(node, agent, agent_id)
+    others = [n for n in _MEMBERS.get(id(node), []) if n is not node]
+    await until(lambda: all(knows(n, agent_id) for n in others), f"{agent_id} in the directory")
+    return stream
 
 
 def test_commands_reach_an_agent_whichever_node_holds_it(tmp_path: Path) -> None:
@@ -239,9 +266,10 @@ def test_a_node_that_leaves_mid_broadcast_yields_agent_disconnected(tmp_path: Pa
                 ("agent-c", S.FAILURE, "agent_disconnected"),
             ]
             await until(lambda: peers(a) == 1, "a to drop c", FORM_S)
-            # Alone again, the cluster answers c's agent not_connected.
+            # c's agent is known to be on a node a cannot reach: the retryable `unavailable`,
+            # never `not_connected`.
             responses, _ = await collect(op.send(command("k2"), ("agent-c",), 30))
-            assert answers(responses) == [("agent-c", S.FAILURE, "not_connected")]
+            assert answers(responses) == [("agent-c", S.FAILURE, "unavailable")]
 
     run(body)
 

@@ -5,8 +5,10 @@ agents, operators and peers on its address only, all on the same port numbers, a
 node has the same seed list naming all five addresses without a port (so `cluster_port`).
 
 Two clusters' worth: alpha (three nodes) and beta (two) share that seed list but not a
-cookie, so each forms with its own members only. Alpha names its nodes in vm.args; beta
-uses the Erlang release's `-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}` with the variable set.
+cookie, so each forms with its own members only. Alpha boots with the shipped
+sys_config/vm.args (`-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}`, no edit) and the variable set,
+as each host's environment would (every address here is on lo, so auto-detection could not
+tell the "hosts" apart); beta names its nodes in its own vm.args.
 grpcio agents dial each node; the operators are grpcio clients on each node's management
 port; the nodes share one fake server in the test's loop. A node is killed with SIGKILL
 while a broadcast waits on its agents. Every process is killed in a `finally` (each has its
@@ -56,7 +58,7 @@ SETTLE_S = 10.0
 STOP_S = 20.0
 
 NAMED = "-name yuzu_gw@{addr}\n-setcookie ${{YUZU_GW_COOKIE}}\n"
-ADVERTISED = "-name yuzu_gw@${YUZU_GW_ADVERTISE_ADDR}\n-setcookie ${YUZU_GW_COOKIE}\n"
+SHIPPED_VM_ARGS = ROOT / "sys_config" / "vm.args"
 
 
 @attrs.frozen
@@ -180,9 +182,8 @@ async def two_clusters(
                         YUZU_GW_COOKIE=cookie,
                         YUZU_GW_RUN_DIR=str(run_dir),
                     )
-                    if members is BETA:
-                        vm_args.write_text(ADVERTISED)
-                        env[ADVERTISE_VAR] = addr
+                    if members is ALPHA:
+                        env.update(YUZU_GW_VM_ARGS=str(SHIPPED_VM_ARGS), **{ADVERTISE_VAR: addr})
                     else:
                         vm_args.write_text(NAMED.format(addr=addr))
                     nodes.append(ProcNode(addr, index, run_dir, env, ports))
@@ -216,6 +217,18 @@ async def agents_on(nodes: Sequence[ProcNode]) -> AsyncIterator[dict[str, list[A
             ]
             for agent in held[node.name]:
                 await agent.connect()
+        # Each node's agent directory places the agents of its cluster's other nodes (a join
+        # reaches the peers a directory scan after the agent registered; docs/cluster.md).
+        for node in nodes:
+            cluster = ALPHA if node.addr in ALPHA else BETA
+            others = AGENTS_PER_NODE * (len(cluster) - 1)
+
+            async def placed(node: ProcNode = node, others: int = others) -> bool:
+                metrics = await node.metrics()
+                found = metrics.value("yuzu_gw_cluster_directory_agents") if metrics else None
+                return found == others
+
+            await multinode.until(placed, f"{node.name}'s agent directory", FORM_S)
         yield held
     finally:
         for made in held.values():
@@ -258,7 +271,7 @@ async def check_discovery(alpha: list[ProcNode], beta: list[ProcNode]) -> None:
         assert metrics.value("yuzu_gw_cluster_auth_refused_total") >= 1
         assert f"Cluster transport listening on {node.addr}:{node.ports.cluster}" in node.log()
         assert node.env["YUZU_GW_COOKIE"] not in node.log()
-    for node in beta:
+    for node in alpha:
         assert f"Advertise address {node.addr}: {Step.EXPLICIT.value}" in node.log()
 
 

@@ -26,6 +26,7 @@ from actors.agents.api import (
 )
 from actors.agents.sup import AgentSup
 from actors.agents.watch import WATCHERS_TABLE, Watcher, create_watch_table
+from actors.node.api import StopRouting
 from actors.registry.actor import Registry, RegistryArgs
 from actors.registry.api import (
     REGISTRY_NAME,
@@ -37,7 +38,7 @@ from actors.registry.api import (
     held_agent_ids,
 )
 from actors.router.actor import Router, RouterArgs
-from actors.router.api import ROUTER_NAME, AbandonCommand, RouteCommand
+from actors.router.api import ROUTER_NAME, AbandonCommand, LocalRouteCommand, RouteCommand
 from actors.upstream.api import UPSTREAM_NAME
 from gateway.node.children.agents import agent_sup_args
 from protos.yuzu.agent.v1 import agent_pb2
@@ -228,6 +229,26 @@ async def test_broadcast_reaches_every_held_agent_and_none_is_a_completed_end(h:
     await h.settle()
     assert [p[2] for p in ghosts.puts] == ["not_connected", "not_connected"]
     assert ghosts.outcome == "completed"
+
+
+@actor_test
+async def test_a_stopping_router_refuses_only_what_it_holds(h: Harness):
+    t = tree(h)
+    _, stream = await t.agent("mine")
+    h.tell(t.whereis(ROUTER_NAME), StopRouting(5.0))
+    await h.settle()
+    # A peer's forwarded command for an agent held here and one held elsewhere: the held one is
+    # refused (nothing delivered), the other is "not held here" (not_connected, which the
+    # forwarded command's sink sends bare), never agent_disconnected for another node's agent.
+    sink = Sink()
+    h.tell(t.whereis(ROUTER_NAME), LocalRouteCommand(command(), ("mine", "theirs"), 60, sink))
+    await h.settle()
+    assert drain(stream) == []
+    assert sorted(sink.puts) == [
+        ("mine", S.FAILURE, "agent_disconnected", "agent_disconnected", True),
+        ("theirs", S.FAILURE, "not_connected", "not_connected", True),
+    ]
+    assert sink.outcome == "completed"
 
 
 @actor_test

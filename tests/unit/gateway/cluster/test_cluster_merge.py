@@ -1,84 +1,113 @@
-"""The merge of a forwarded command's peer answers (gateway/cluster/merge.py), against a model:
-each target gets exactly one terminal outcome, and the right one."""
+"""The merge of a forwarded command's answers (gateway/cluster/merge.py): each target goes to
+its newest holder only, the next only when that one does not hold it; a stale route's word never
+settles a target; each target gets exactly one terminal outcome, and the right one."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cluster.merge import Answer, Fail, RemoteMerge
+from gateway.cluster.merge import Answer, Fail, RemoteMerge, Send
 
 PEERS = ("a", "b", "c")
 TARGETS = ("x1", "x2", "x3", "x4")
 
 
-def test_the_holding_peers_frames_pass_and_the_others_silence_is_ignored() -> None:
-    m = RemoteMerge(["x1"], PEERS)
-    assert m.frame("a", "x1", held=False, final=True) == []
-    assert m.frame("b", "x1", held=True, final=False) == [Answer("x1", False)]
-    assert m.frame("b", "x1", held=True, final=True) == [Answer("x1", True)]
+def test_each_target_goes_to_its_first_candidate_only_one_frame_per_peer() -> None:
+    m = RemoteMerge({"x1": ["a", "b"], "x2": ["a"], "x3": ["b"], "x4": []}, lost=["x4"])
+    assert m.start() == [
+        Fail("x4", "unavailable"),
+        Send("a", 1, ("x1", "x2")),
+        Send("b", 2, ("x3",)),
+    ]
+
+
+def test_the_live_holders_answer_wins_over_a_stale_ones() -> None:
+    # x1 reconnected from b to a: a is its newest entry.
+    m = RemoteMerge({"x1": ["a", "b"]})
+    [send] = m.start()
+    assert send == Send("a", 1, ("x1",))
+    # b (a stale session) speaks for x1 without being asked: ignored.
+    assert m.frame(("b", 1), "x1", held=True, final=True) == []
+    assert m.frame(("a", 1), "x1", held=True, final=False) == [Answer("x1", False)]
+    assert m.frame(("a", 1), "x1", held=True, final=True) == [Answer("x1", True)]
     assert m.done
-    # Late words about a settled target are dropped.
-    assert m.frame("c", "x1", held=True, final=True) == []
+    assert m.frame(("a", 1), "x1", held=True, final=True) == []
 
 
-def test_not_connected_only_when_every_peer_said_so() -> None:
-    m = RemoteMerge(["x1"], PEERS)
-    assert m.frame("a", "x1", held=False, final=True) == []
-    assert m.frame("b", "x1", held=False, final=True) == []
-    assert m.frame("c", "x1", held=False, final=True) == [Fail("x1", "not_connected")]
-
-
-def test_a_peer_that_leaves_mid_command_yields_agent_disconnected() -> None:
-    m = RemoteMerge(["x1", "x2"], ("a", "b"))
-    m.frame("a", "x1", held=True, final=False)
-    m.frame("b", "x1", held=False, final=True)
-    m.frame("b", "x2", held=False, final=True)
-    assert m.peer_ended("a") == [Fail("x1", "agent_disconnected"), Fail("x2", "agent_disconnected")]
+def test_not_held_tries_the_next_holder_then_settles() -> None:
+    m = RemoteMerge({"x1": ["a", "b"], "x2": ["c"]}, lost=["x2"])
+    m.start()
+    # a is stopping (or the agent left it): "not held here" is never the answer.
+    assert m.frame(("a", 1), "x1", held=False, final=True) == [Send("b", 3, ("x1",))]
+    assert m.frame(("a", 1), "x1", held=True, final=True) == []  # the old route is stale now
+    assert m.frame(("b", 3), "x1", held=False, final=True) == [Fail("x1", "not_connected")]
+    assert m.frame(("c", 2), "x2", held=False, final=True) == [Fail("x2", "unavailable")]
     assert m.done
 
 
-word = st.tuples(
-    st.sampled_from(PEERS),
-    st.sampled_from(TARGETS),
-    st.sampled_from(["not_held", "running", "final", "end"]),
+def test_a_route_that_ends_owes_agent_disconnected_never_a_retry() -> None:
+    m = RemoteMerge({"x1": ["a", "b"], "x2": ["a"], "x3": ["b"]})
+    m.start()
+    assert m.frame(("a", 1), "x1", held=True, final=False) == [Answer("x1", False)]
+    assert m.ended(("a", 1)) == [Fail("x1", "agent_disconnected"), Fail("x2", "agent_disconnected")]
+    assert m.owing() == frozenset({"x3"})
+    assert m.peer_ended("b") == [Fail("x3", "agent_disconnected")]
+    assert m.done
+
+
+words = st.lists(
+    st.tuples(
+        st.sampled_from(("held", "progress", "not_held", "ended", "peer_ended")),
+        st.sampled_from(PEERS),
+        st.sampled_from(TARGETS),
+        st.integers(1, 6),
+    ),
+    max_size=40,
+)
+plans = st.fixed_dictionaries(
+    {t: st.lists(st.sampled_from(PEERS), unique=True, max_size=3) for t in TARGETS}
 )
 
 
 @settings(max_examples=300)
-@given(st.lists(word, max_size=40))
-def test_exactly_one_terminal_outcome_per_target(words: list[tuple[str, str, str]]) -> None:
-    m = RemoteMerge(TARGETS, PEERS)
-    terminal: dict[str, object] = {}
-    said: dict[str, set[str]] = {t: set() for t in TARGETS}
-    ended: set[str] = set()
-    lost: set[str] = set()
-    for peer, target, kind in words:
-        if kind == "end":
-            if peer in ended:
-                continue
-            ended.add(peer)
-            effects = m.peer_ended(peer)
-            for t in TARGETS:
-                if t not in terminal and peer not in said[t]:
-                    lost.add(t)
-        elif peer in ended:
-            continue
-        else:
-            effects = m.frame(peer, target, held=kind != "not_held", final=kind != "running")
-            if kind == "not_held" and target not in terminal:
-                said[target].add(peer)
+@given(plans, st.sets(st.sampled_from(TARGETS)), words)
+def test_exactly_one_terminal_outcome_per_target(
+    plan: dict[str, list[str]], lost: set[str], schedule: list[tuple[str, str, str, int]]
+) -> None:
+    m = RemoteMerge(plan, lost)
+    terminal: dict[str, list[object]] = {t: [] for t in TARGETS}
+    sent_to: dict[str, list[str]] = {t: [] for t in TARGETS}
+
+    def record(effects: list[object]) -> None:
         for effect in effects:
-            if isinstance(effect, Answer) and not effect.final:
-                assert effect.agent_id not in terminal
-                continue
-            assert effect.agent_id not in terminal, "two terminal outcomes"
-            terminal[effect.agent_id] = effect
-            if isinstance(effect, Fail):
-                # Settled unheld only when every peer has given its word or gone.
-                assert said[effect.agent_id] | ended >= set(PEERS)
-                expected = "agent_disconnected" if effect.agent_id in lost else "not_connected"
-                assert effect.reason == expected
-    if ended == set(PEERS):
-        assert m.done and set(terminal) == set(TARGETS)
-    assert m.owing() == frozenset(TARGETS) - set(terminal)
+            match effect:
+                case Answer(agent_id=a, final=True) | Fail(agent_id=a):
+                    terminal[a].append(effect)
+                case Send(peer=peer, agent_ids=ids):
+                    for a in ids:
+                        sent_to[a].append(peer)
+
+    record(m.start())
+    for kind, peer, target, wave in schedule:
+        route = (peer, wave)
+        if kind == "held":
+            record(m.frame(route, target, held=True, final=True))
+        elif kind == "progress":
+            record(m.frame(route, target, held=True, final=False))
+        elif kind == "not_held":
+            record(m.frame(route, target, held=False, final=True))
+        elif kind == "ended":
+            record(m.ended(route))
+        else:
+            record(m.peer_ended(peer))
+    for route in m.routes():
+        record(m.ended(route))
+    assert m.done
+    for target in TARGETS:
+        assert len(terminal[target]) == 1
+        # Sent to its candidates in order, each at most once, and never to any other peer.
+        assert sent_to[target] == plan[target][: len(sent_to[target])]
+        [outcome] = terminal[target]
+        if not plan[target]:
+            assert outcome == Fail(target, "unavailable" if target in lost else "not_connected")
