@@ -18,11 +18,13 @@ TEST_CONFIG = ROOT / "sys_config" / "test.config"
 
 def node_env(run_dir: Path, config: Path = TEST_CONFIG, **extra: str) -> dict[str, str]:
     """The environment a test node boots with: the test config (ports 0 = free ports), a
-    fresh cookie, and its own run directory."""
+    fresh cookie, the shipped vm.args advertising loopback (a single host), and its own run
+    directory."""
     env = {
         "YUZU_GW_CONFIG": str(config),
         "YUZU_GW_VM_ARGS": str(ROOT / "sys_config" / "vm.args"),
         "YUZU_GW_COOKIE": secrets.token_hex(32),
+        "YUZU_GW_ADVERTISE_ADDR": "127.0.0.1",
         "YUZU_GW_RUN_DIR": str(run_dir),
     }
     env.update(extra)

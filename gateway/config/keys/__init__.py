@@ -57,6 +57,7 @@ SCHEMA = Schema(
     # Whole-config rules of the listeners: the port variables, then no gateway without a
     # listener routing the AgentService (unless allow_no_listeners is the literal true); then
     # the memory shedder's marks, resolved against the memory limit read once here; then the
-    # management peer authorisation (it reads the final listener list).
-    checks=listeners.CHECKS + shedder.CHECKS + mgmt.CHECKS,
+    # management peer authorisation (it reads the final listener list); then the cluster links'
+    # TLS files.
+    checks=listeners.CHECKS + shedder.CHECKS + mgmt.CHECKS + cluster.CHECKS,
 )

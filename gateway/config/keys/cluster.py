@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, parse_seed
+from gateway.config.cluster_tls import ClusterTls, check_complete
 from gateway.config.converters import BadValue, HostList, HostName, IntRange, Utf8Text, text_of
 from gateway.config.env import env_comma_list, env_integer, env_utf8_text
 from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse
-from gateway.config.terms import Term
+from gateway.config.section import Check
+from gateway.config.terms import Atom, Term
+
+if TYPE_CHECKING:
+    from gateway.config.config import Config
 
 AREA = "cluster"
 
@@ -40,6 +46,21 @@ class SeedList:
                 raise BadValue(self.expected) from None
             entries.append(text)
         return tuple(entries)
+
+
+@attrs.frozen
+class FileOrUndefined:
+    """A file path as a string or binary, or the atom `undefined` (read as None)."""
+
+    expected: str = "a file path (string or binary), or undefined"
+
+    def __call__(self, term: Term) -> str | None:
+        if term == Atom("undefined"):
+            return None
+        path = text_of(term, self.expected)
+        if not path:
+            raise BadValue(self.expected)
+        return path
 
 
 CLUSTER_ID: Key[str] = Key(
@@ -125,6 +146,45 @@ HASH_RING_VNODES: Key[int] = Key(
     our_choices=("valid values", "bad value"),
 )
 
+
+def _tls_file(role: str, doc: str) -> Key[str | None]:
+    return Key(
+        name=f"cluster_tls_{role}",
+        default=Atom("undefined"),
+        convert=FileOrUndefined(),
+        read_when="boot",
+        doc=doc + " Set all three cluster_tls_* keys for mutual TLS on the cluster links, or"
+        " none for plaintext links (the development posture; docs/cluster.md).",
+        area=AREA,
+        # A mistyped path must not quietly fall back to plaintext links.
+        on_bad=Refuse(f"invalid_cluster_tls_{role}"),
+        origin=NameOrigin.OURS,
+        default_doc="undefined (plaintext links, with a WARNING at boot)",
+    )
+
+
+CLUSTER_TLS_CERTFILE = _tls_file(
+    "certfile", "PEM certificate (chain) of this node's leaf, presented on both ends of a link."
+)
+CLUSTER_TLS_KEYFILE = _tls_file("keyfile", "PEM private key of cluster_tls_certfile.")
+CLUSTER_TLS_CACERTFILE = _tls_file(
+    "cacertfile", "PEM install CA: a peer's leaf must chain to it, both ways."
+)
+
+
+def cluster_tls(config: Config) -> ClusterTls:
+    return ClusterTls(
+        config[CLUSTER_TLS_CERTFILE], config[CLUSTER_TLS_KEYFILE], config[CLUSTER_TLS_CACERTFILE]
+    )
+
+
+def check_cluster_tls(config: Config, env: Mapping[str, str]) -> Config:
+    """All three cluster_tls_* files or none, before anything starts; the files are read
+    when the cluster child starts (gateway/config/cluster_tls.py)."""
+    check_complete(cluster_tls(config))
+    return config
+
+
 KEYS: tuple[Key[Any], ...] = (
     CLUSTER_ID,
     CLUSTER_SEED_DNS_NAME,
@@ -133,4 +193,9 @@ KEYS: tuple[Key[Any], ...] = (
     CLUSTER_MAX_LIFETIME_ADDRS,
     CLUSTER_PORT,
     HASH_RING_VNODES,
+    CLUSTER_TLS_CERTFILE,
+    CLUSTER_TLS_KEYFILE,
+    CLUSTER_TLS_CACERTFILE,
 )
+
+CHECKS: tuple[Check, ...] = (check_cluster_tls,)

@@ -55,6 +55,30 @@ def test_the_oldest_challenge_is_forgotten_past_the_cap() -> None:
     assert nonces.check(COOKIE, signed(third, 1), METHOD)
 
 
+def test_a_flood_of_challenges_and_bad_calls_never_evicts_an_established_link() -> None:
+    """Challenge is unauthenticated: a flood of them, or of calls signed without the cookie,
+    must not drop a link a cookie holder established (it used to evict its nonce)."""
+    nonces = ServerNonces(cap=2, links=2)
+    live = nonces.issue()
+    assert nonces.check(COOKIE, signed(live, 1), METHOD)
+    for seq in range(2, 50):
+        flooded = nonces.issue()
+        assert not nonces.check(COOKIE, signed(flooded, 1, cookie="x" * 64), METHOD)
+        assert not nonces.check(COOKIE, signed(live, seq, cookie="x" * 64), METHOD)
+        assert nonces.check(COOKIE, signed(live, seq), METHOD)
+    assert len(nonces) == 3  # the live link and the two newest pending challenges
+
+
+def test_established_links_are_bounded_oldest_first() -> None:
+    nonces = ServerNonces(cap=4, links=2)
+    first, second, third = nonces.issue(), nonces.issue(), nonces.issue()
+    for nonce in (first, second, third):
+        assert nonces.check(COOKIE, signed(nonce, 1), METHOD)
+    assert not nonces.check(COOKIE, signed(first, 2), METHOD)
+    assert nonces.check(COOKIE, signed(second, 2), METHOD)
+    assert nonces.check(COOKIE, signed(third, 2), METHOD)
+
+
 @given(st.lists(st.integers(1, 3 * REPLAY_WINDOW), max_size=200))
 def test_the_replay_window_accepts_each_sequence_number_at_most_once(seqs: list[int]) -> None:
     window = ReplayWindow()
