@@ -30,9 +30,22 @@ class Response:
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
+    # Further header lines, such as Content-Encoding.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
-Handler = Callable[[], Response]
+@attrs.frozen
+class Request:
+    """What a handler may read of the request: its header fields, names in lower case (a
+    field sent twice keeps its last value)."""
+
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
+
+
+Handler = Callable[[Request], Response]
 
 _REASONS = {
     200: "OK",
@@ -63,13 +76,23 @@ def _render(response: Response, head_only: bool) -> bytes:
         f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'OK')}\r\n"
         f"Content-Type: {response.content_type}\r\n"
         f"Content-Length: {len(response.body)}\r\n"
-        "Connection: close\r\n\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in response.headers)
+        + "Connection: close\r\n\r\n"
     ).encode("ascii")
     return head if head_only else head + response.body
 
 
+def _headers(lines: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            fields[name.strip().lower()] = value.strip()
+    return fields
+
+
 def _route(head: bytes, routes: Mapping[str, Handler]) -> tuple[Response, bool]:
-    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    request_line, *lines = head.decode("latin-1").split("\r\n")
     parts = request_line.split(" ")
     if len(parts) != 3:
         return Response(400, b"bad request\n"), False
@@ -79,7 +102,7 @@ def _route(head: bytes, routes: Mapping[str, Handler]) -> tuple[Response, bool]:
     handler = routes.get(target.split("?", 1)[0])
     if handler is None:
         return Response(404, b"not found\n"), method == "HEAD"
-    return handler(), method == "HEAD"
+    return handler(Request(_headers(lines))), method == "HEAD"
 
 
 async def _serve_connection(

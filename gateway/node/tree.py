@@ -23,6 +23,7 @@ from gateway.config.context import NodeContext
 from gateway.config.keys.node import HEALTH_PORT, PROMETHEUS_PORT
 from gateway.console.server import ConsoleServer
 from gateway.http.endpoints import EndpointArgs, HttpEndpoint, health_routes, metrics_routes
+from gateway.http.metrics import register_node_metrics
 from gateway.listeners.connection import ConnectionInfo
 from gateway.listeners.tree import listener_child_specs
 from gateway.mgmt.auth.tree import mgmt_auth_tree
@@ -57,6 +58,8 @@ class GatewaySup(Supervisor):
             health_routes(ctx.readiness),
             ctx.record_bound,
         )
+        # yuzu_gw_build_info and a gauge per readiness check (gateway/http/metrics.py).
+        register_node_metrics(ctx.registry, ctx.readiness)
         # `upstream` (alive) and `circuit_breaker` (the published state): table and name reads,
         # so /readyz answers at once whatever the upstream actor is doing.
         for check_name, check in readiness_checks(runtime).items():

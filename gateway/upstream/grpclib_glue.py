@@ -14,6 +14,8 @@ opens
   a stream per call of the whole node for as long as it lives.
 * The protocol writes through a `coalesce.CoalescingTransport` (`writes`), which the slot corks
   around a call's send so its HEADERS and DATA frames leave in one write.
+* Every stream `SlotChannel.request` opens is counted and timed (`rpc_metrics.MeteredCall`):
+  the one place every upstream call passes, whichever lane makes it.
 
 Written against grpclib 0.4.9; the integration tests exercise every one of these hooks.
 """
@@ -28,7 +30,9 @@ from typing import Any, cast
 from grpclib.client import Channel as GrpclibChannel
 from grpclib.client import Handler
 from grpclib.config import Configuration
+from grpclib.const import Cardinality
 from grpclib.encoding.base import CodecBase
+from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
 from h2.config import H2Configuration
 from h2.events import RemoteSettingsChanged
@@ -38,6 +42,7 @@ from gateway.config.upstream_client import EndpointSpec
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.upstream.coalesce import CoalescingTransport
 from gateway.upstream.failures import ResponseTooLargeError
+from gateway.upstream.rpc_metrics import MeteredCall, method_series
 
 __all__ = ["Codec", "SettingsProtocol", "SlotChannel"]
 
@@ -140,6 +145,29 @@ class SlotChannel(GrpclibChannel):
     ) -> None:
         super().__init__(endpoint.host, endpoint.port, ssl=context, codec=codec)
         self._protocol = protocol
+
+    def request(  # type: ignore[override]
+        self,
+        name: str,
+        cardinality: Cardinality,
+        request_type: Any,
+        reply_type: Any,
+        *,
+        timeout: float | None = None,
+        deadline: Deadline | None = None,
+        metadata: Any = None,
+    ) -> MeteredCall:
+        """grpclib's stream, inside `async with` counted and timed (rpc_metrics.py)."""
+        stream = super().request(
+            name,
+            cardinality,
+            request_type,
+            reply_type,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+        return MeteredCall(stream, method_series(name, cardinality))
 
     async def __connect__(self) -> H2Protocol:
         if not self._connected:

@@ -21,6 +21,10 @@ The same run measures the ceiling: the bare grpclib relay (`tests.bench.fanout_b
 takes the same operator calls, writes to the same N agent streams held by the same load
 generators, and writes each reply back to the operator.
 
+Both report the server process's CPU (/proc/<pid>/stat) per answered single-target command over
+phase (a) and per broadcast answer over phase (b): what a change to the command path costs (the
+RPC metrics, say: docs/dev/benchmarks.md) shows there before the latency moves.
+
 Targets (at N = 5,000 on one node): single-target p99 within 1.5x the bare relay's at 200
 commands a second; broadcast within 1.5x the bare relay's. Every command must be answered.
 """
@@ -57,6 +61,7 @@ from tests.bench.agents import (
     gateway_config,
     http_get,
     metric_sum,
+    process_cpu_s,
     progress,
     running_gateway,
 )
@@ -96,6 +101,7 @@ class Endpoint:
     agent_port: int
     mgmt_port: int
     metrics_port: int | None = None
+    pid: int | None = None  # the server process, for its CPU time
 
 
 # -- the two servers ------------------------------------------------------------------------------
@@ -115,8 +121,8 @@ async def gateway_node(workdir: Path, agents: int) -> AsyncIterator[Endpoint]:
             1,
         )
         config.write_text(text)
-        async with running_gateway(workdir, config, ports["health"]):
-            yield Endpoint(ports["agent"], mgmt_port, ports["metrics"])
+        async with running_gateway(workdir, config, ports["health"]) as process:
+            yield Endpoint(ports["agent"], mgmt_port, ports["metrics"], process.pid)
 
 
 @contextlib.asynccontextmanager
@@ -130,7 +136,7 @@ async def bare_relay(workdir: Path) -> AsyncIterator[Endpoint]:
     )
     try:
         port = await _listening_port(process, "the bare relay")
-        yield Endpoint(port, port)
+        yield Endpoint(port, port, pid=process.pid)
     finally:
         await _stop(process)
 
@@ -209,6 +215,21 @@ class Measured:
     single_failed: int = 0
     broadcast_s: list[float] = field(default_factory=list)
     broadcast_answers: list[int] = field(default_factory=list)
+    # The server process's CPU over each phase (/proc/<pid>/stat).
+    single_cpu_s: float | None = None
+    broadcast_cpu_s: float | None = None
+
+    @property
+    def cpu_us_per_single(self) -> float | None:
+        count = len(self.single_ms)
+        return 1e6 * self.single_cpu_s / count if self.single_cpu_s is not None and count else None
+
+    @property
+    def cpu_us_per_broadcast_answer(self) -> float | None:
+        answers = sum(self.broadcast_answers)
+        if self.broadcast_cpu_s is None or not answers:
+            return None
+        return 1e6 * self.broadcast_cpu_s / answers
 
     def single_percentile(self, q: float) -> float | None:
         if not self.single_ms:
@@ -241,8 +262,24 @@ async def _answers(call: Any, started: float) -> tuple[int, int, float]:
     return final, ok, last - started
 
 
+def _cpu(pid: int | None) -> float | None:
+    return process_cpu_s(pid) if pid is not None else None
+
+
+def _spent(pid: int | None, before: float | None) -> float | None:
+    after = _cpu(pid)
+    return after - before if after is not None and before is not None else None
+
+
 async def operate(
-    result: Measured, mgmt_port: int, *, agents: int, rate: float, duration_s: float, quiet: bool
+    result: Measured,
+    mgmt_port: int,
+    *,
+    agents: int,
+    rate: float,
+    duration_s: float,
+    quiet: bool,
+    pid: int | None = None,
 ) -> None:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{mgmt_port}")
     send = channel.unary_stream(
@@ -274,21 +311,28 @@ async def operate(
         progress(f"{result.server}: {count} single-target commands at {rate:g}/s", quiet)
         loop = asyncio.get_running_loop()
         start = loop.time()
+        cpu_before = _cpu(pid)
         tasks = []
         for n in range(count):
             await asyncio.sleep(max(0.0, start + n / rate - loop.time()))
             tasks.append(asyncio.ensure_future(single(n)))
         await asyncio.gather(*tasks)
+        result.single_cpu_s = _spent(pid, cpu_before)
 
+        broadcast_cpu_s = 0.0
         for b in range(BROADCASTS):
             progress(f"{result.server}: broadcast {b + 1} of {BROADCASTS} to {agents}", quiet)
             started = time.perf_counter()
+            cpu_before = _cpu(pid)
             _, ok, seconds = await _answers(
                 send(_request(f"b{b}", []), timeout=CALL_DEADLINE_S), started
             )
+            spent = _spent(pid, cpu_before)
+            broadcast_cpu_s += spent or 0.0
             result.broadcast_s.append(seconds)
             result.broadcast_answers.append(ok)
             await asyncio.sleep(SETTLE_S)
+        result.broadcast_cpu_s = broadcast_cpu_s if pid is not None else None
     finally:
         await channel.close()
 
@@ -318,7 +362,13 @@ async def measure(
             result.settle_s = await _idle(endpoint.metrics_port, agents)
         await asyncio.sleep(SETTLE_S)
         await operate(
-            result, endpoint.mgmt_port, agents=agents, rate=rate, duration_s=duration_s, quiet=quiet
+            result,
+            endpoint.mgmt_port,
+            agents=agents,
+            rate=rate,
+            duration_s=duration_s,
+            quiet=quiet,
+            pid=endpoint.pid,
         )
     return result
 
@@ -401,6 +451,12 @@ async def run(
         "answers": answers,
         "bare_answers": min(bare.broadcast_answers, default=0),
         "bare_single_failed": bare.single_failed,
+        # The server's CPU per answered single-target command (the whole process: the operator's
+        # call, the router, the owner, the agent stream) and per broadcast answer.
+        "cpu_us_per_single_command": gateway.cpu_us_per_single,
+        "bare_cpu_us_per_single_command": bare.cpu_us_per_single,
+        "cpu_us_per_broadcast_answer": gateway.cpu_us_per_broadcast_answer,
+        "bare_cpu_us_per_broadcast_answer": bare.cpu_us_per_broadcast_answer,
         "targets_met": {
             "all_answered": gateway.single_failed == 0 and answers == agents,
             "single_p99_ratio_vs_bare": single_ratio is not None and single_ratio <= TARGET_RATIO,
@@ -445,6 +501,16 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row(
             "broadcast to all, gateway / bare",
             f"{_fmt(result['broadcast_s'], 3, ' s')} / {_fmt(result['bare_broadcast_s'], 3, ' s')}",
+        ),
+        Row(
+            "server CPU per single-target command, gateway / bare",
+            f"{_fmt(result['cpu_us_per_single_command'], 0, ' us')}"
+            f" / {_fmt(result['bare_cpu_us_per_single_command'], 0, ' us')}",
+        ),
+        Row(
+            "server CPU per broadcast answer, gateway / bare",
+            f"{_fmt(result['cpu_us_per_broadcast_answer'], 1, ' us')}"
+            f" / {_fmt(result['bare_cpu_us_per_broadcast_answer'], 1, ' us')}",
         ),
         Row(
             "broadcast ratio vs bare",

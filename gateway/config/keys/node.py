@@ -1,12 +1,50 @@
-"""Keys of the node itself: its name, its HTTP endpoints, the metrics cadence, the stop."""
+"""Keys of the node itself: its name, its HTTP endpoints, the metrics cadence, the stop, the
+log's format and which gRPC listeners serve server reflection."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.converters import IntRange, NodeName
-from gateway.config.schema import Key, NameOrigin, Refuse
-from gateway.config.terms import Atom
+import attrs
+
+from gateway.config.converters import BadValue, IntRange, NodeName, text_of
+from gateway.config.schema import EnvOverride, Key, NameOrigin, Refuse
+from gateway.config.terms import Atom, Term
+
+# The values of log_format.
+TEXT = "text"
+JSON = "json"
+
+
+@attrs.frozen
+class LogFormat:
+    """`text` or `json`: an atom, a string or a binary (the variable's text arrives as one)."""
+
+    expected: str = "text or json"
+
+    def __call__(self, term: Term) -> str:
+        name = term.name if isinstance(term, Atom) else text_of(term, self.expected)
+        if name not in (TEXT, JSON):
+            raise BadValue(self.expected)
+        return name
+
+
+@attrs.frozen
+class ListenerNames:
+    """A list of grpc_listeners names, as atoms; a name no entry has serves nothing (the
+    listeners' tree warns about it at boot)."""
+
+    expected: str = "a list of grpc_listeners names (atoms)"
+
+    def __call__(self, term: Term) -> frozenset[str]:
+        if not isinstance(term, list) or not all(isinstance(item, Atom) for item in term):
+            raise BadValue(self.expected)
+        return frozenset(item.name for item in term)
+
+
+def _env_text(text: str) -> Term:
+    return Atom(text.strip().lower())
+
 
 AREA = "node"
 
@@ -69,10 +107,37 @@ SHUTDOWN_FLUSH_BUDGET_MS: Key[int] = Key(
     our_choices=("valid values", "bad value"),
 )
 
+LOG_FORMAT: Key[str] = Key(
+    name="log_format",
+    default=Atom(TEXT),
+    convert=LogFormat(),
+    read_when="boot, once the file is read (the variable: from the first line)",
+    doc="The log's shape on stderr: text (`<time> <LEVEL> <logger>: <message>`) or json (one"
+    " object a line: time, level, logger, message; docs/runbook.md 'Reading the log').",
+    area=AREA,
+    env=EnvOverride("YUZU_GW_LOG_FORMAT", _env_text, "text or json", NameOrigin.OURS),
+    origin=NameOrigin.OURS,
+)
+
+GRPC_REFLECTION: Key[frozenset[str]] = Key(
+    name="grpc_reflection",
+    default=[],
+    convert=ListenerNames(),
+    read_when="boot, when the listeners' routes are assembled",
+    doc="The grpc_listeners entries (by name) that also serve gRPC server reflection, so"
+    " grpcurl can list and describe their services (docs/health.md). Off by default and in"
+    " sys.config.prod.",
+    area=AREA,
+    origin=NameOrigin.OURS,
+    default_doc="[] (no listener)",
+)
+
 KEYS: tuple[Key[Any], ...] = (
     NODE_NAME,
     HEALTH_PORT,
     PROMETHEUS_PORT,
     TELEMETRY_GAUGE_INTERVAL_MS,
     SHUTDOWN_FLUSH_BUDGET_MS,
+    LOG_FORMAT,
+    GRPC_REFLECTION,
 )

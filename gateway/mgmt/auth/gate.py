@@ -9,8 +9,11 @@ the ManagementService is wrapped: before the handler runs, the gate reads the pe
 the connection captured at its handshake (decoded once per connection, then cached until the
 connection closes), decides with the pins the watcher last published (an attribute read, no
 message, no file), counts the outcome, and refuses with UNAUTHENTICATED. The request message is
-never read for a refused stream. Other services of a combined listener are left alone, and a
-plaintext listener is not judged.
+never read for a refused stream. Server reflection, where `grpc_reflection` serves it there, is
+guarded the same way: only an authorised peer may list and describe the services. Other services
+of a combined listener are left alone, and so is `grpc.health.v1.Health`, answered before
+authorisation on purpose: a probe has no server certificate, and the answer is one status per
+service name the caller already knows (docs/health.md). A plaintext listener is not judged.
 
 A refusal is logged at WARNING by reason only, at most once a minute per reason with the count
 held back: every holder of a certificate from the install CA reaches this check, so a line per
@@ -33,6 +36,7 @@ from gateway.config.certs import PeerCert, read_peer
 from gateway.config.listener_spec import MGMT_SERVICE, ListenerSpec
 from gateway.config.mgmt_auth_boot import is_judged
 from gateway.listeners.connection import ConnectionInfo, current_call
+from gateway.listeners.grpc_health import REFLECTION_PREFIXES
 from gateway.listeners.server import Routes
 from gateway.mgmt.auth.decide import Admitted, Decision, Policy, Rejected, decide
 from gateway.mgmt.auth.metrics import MgmtAuthMetrics
@@ -46,7 +50,8 @@ log = logging.getLogger("yuzu_gw.mgmt_auth")
 REFUSED_MESSAGE = "management peer not authorized"
 # One line per reason per minute (the count held back rides on the next line).
 _LOG_INTERVAL_S = 60.0
-_PREFIX = f"/{MGMT_SERVICE}/"
+# What the gate guards: the ManagementService and reflection (Health is never guarded).
+_GUARDED = (f"/{MGMT_SERVICE}/", *REFLECTION_PREFIXES)
 
 MethodFunc = Callable[[Any], Awaitable[None]]
 
@@ -114,14 +119,14 @@ class PeerGate:
     # -- the guard ----------------------------------------------------------------------------
 
     def guard(self, spec: ListenerSpec, routes: Collection[Routes]) -> tuple[Routes, ...]:
-        """`routes` with every ManagementService method checked first, on a judged listener;
-        unchanged on any other."""
+        """`routes` with every ManagementService and reflection method checked first, on a
+        judged listener; unchanged on any other."""
         if not is_judged(spec):
             return tuple(routes)
         return tuple(
             Routes(
                 {
-                    path: self._guarded(handler) if path.startswith(_PREFIX) else handler
+                    path: self._guarded(handler) if path.startswith(_GUARDED) else handler
                     for path, handler in r.__mapping__().items()
                 }
             )

@@ -12,7 +12,17 @@ from actors.core.notify_store import NotifyPolicy, pending_max_for
 from actors.core.replay_queue import ReplayPolicy
 from actors.core.resend import ResendPolicy
 from actors.upstream.actor import Upstream, UpstreamArgs
-from actors.upstream.api import CHANNEL_ACTOR_NAME, REGULATOR_NAME, SLOW_SERVER_NAME, UPSTREAM_NAME
+from actors.upstream.api import (
+    BATCH_HEARTBEAT,
+    CHANNEL_ACTOR_NAME,
+    FORWARD_GUARDIAN_MESSAGE,
+    NOTIFY_STREAM_STATUS,
+    PROXY_INVENTORY,
+    PROXY_REGISTER,
+    REGULATOR_NAME,
+    SLOW_SERVER_NAME,
+    UPSTREAM_NAME,
+)
 from actors.upstream.notify import NotifyArgs
 from actors.upstream.regulator import Regulator, RegulatorArgs
 from actors.upstream.replay import ReplayArgs
@@ -46,9 +56,19 @@ from gateway.config.keys.upstream import (
     UPSTREAM_REPLAY_CONCURRENCY,
     UPSTREAM_RPC_TIMEOUT_MS,
 )
+from gateway.upstream import rpc_metrics
 from gateway.upstream.calls import UpstreamCalls
 from gateway.upstream.channel_actor import UpstreamChannelActor
 from supervisors.supervisor import ChildSpec
+
+# The GatewayUpstream methods the gateway calls.
+UPSTREAM_METHODS = (
+    PROXY_REGISTER,
+    PROXY_INVENTORY,
+    BATCH_HEARTBEAT,
+    NOTIFY_STREAM_STATUS,
+    FORWARD_GUARDIAN_MESSAGE,
+)
 
 __all__ = [
     "child_specs",
@@ -61,6 +81,9 @@ __all__ = [
 
 
 def child_specs(ctx: NodeContext) -> tuple[ChildSpec, ...]:
+    # Every call to the server is counted and timed by the channel's connections; the node's
+    # registry exports those families, every method's series at 0 from the start.
+    rpc_metrics.export(ctx.registry, UPSTREAM_METHODS)
     return (
         # Opens the upstream connections (without waiting for them) before anything that calls
         # the server starts.

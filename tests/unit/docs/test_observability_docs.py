@@ -44,7 +44,15 @@ EXPECTED_ALERTS = {
     "YuzuGatewayCertExpiringSoon",
     "YuzuGatewayCertExpiringCritical",
     "YuzuGatewayCertExpired",
+    # Issue 20: the node down (Prometheus's `up`) and a readiness check failing.
+    "YuzuGatewayDown",
+    "YuzuGatewayNotReady",
 }
+# The alerts that must link their runbook, and where the links point (module doc of the rules).
+RUNBOOK_ALERTS = {"YuzuGatewayDown", "YuzuGatewayNotReady"}
+RUNBOOK_BASE = "https://yuzu-gateway.example/docs/"
+# Series Prometheus makes itself for every scrape target.
+SCRAPE_SERIES = {"up"}
 SEVERITIES = {"warning", "critical"}
 DURATION = re.compile(r"^(\d+[smhdwy])+$")
 
@@ -123,7 +131,8 @@ def test_the_rules_file_has_the_rule_group_shape() -> None:
         assert DURATION.match(str(rule["for"])), rule["alert"]
         assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
         annotations = rule["annotations"]
-        assert set(annotations) == {"summary", "description"}, rule["alert"]
+        linked = {"runbook_url"} if rule["alert"] in RUNBOOK_ALERTS else set()
+        assert set(annotations) == {"summary", "description"} | linked, rule["alert"]
         # Each says what to do, not only what happened.
         assert len(annotations["description"]) > 80, rule["alert"]
 
@@ -133,9 +142,31 @@ def test_every_alert_the_issue_lists_ships_once() -> None:
     assert sorted(shipped) == sorted(EXPECTED_ALERTS)
 
 
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, blanks as `-`."""
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_the_runbook_links_point_at_a_heading_of_the_docs() -> None:
+    rules = alerts(load_rules())
+    linked = {rule["alert"]: rule["annotations"].get("runbook_url") for rule in rules}
+    for alert in RUNBOOK_ALERTS:
+        url = linked[alert]
+        assert url is not None and url.startswith(RUNBOOK_BASE), alert
+        page, _, anchor = url.removeprefix(RUNBOOK_BASE).partition("#")
+        document = ROOT / "docs" / page
+        assert document.is_file(), url
+        assert anchor in heading_anchors(document.read_text(encoding="utf-8")), url
+
+
 def test_every_alert_expression_names_only_exported_families(exported_series: set[str]) -> None:
     exprs = [rule["expr"] for rule in alerts(load_rules())]
-    assert unexported(exprs, exported_series) == {}
+    assert unexported(exprs, exported_series | SCRAPE_SERIES) == {}
     assert all(metric_names(expr) for expr in exprs)  # the extraction found something
 
 
@@ -160,7 +191,8 @@ def test_an_alert_on_a_family_the_gateway_does_not_export_is_caught(
     )
     exprs = [rule["expr"] for rule in alerts(load_rules(rogue))]
     # yuzu_gw_cluster_nodes: superseded in the seed, never exported (gateway/node/metrics_docs.py).
-    assert list(unexported(exprs, exported_series).values()) == [{"yuzu_gw_cluster_nodes"}]
+    found = unexported(exprs, exported_series | SCRAPE_SERIES)
+    assert list(found.values()) == [{"yuzu_gw_cluster_nodes"}]
 
 
 def test_metric_names_leaves_out_functions_labels_ranges_and_keywords() -> None:
