@@ -42,6 +42,27 @@ for _row in _picked:
     runtime.kill(_row.owner)
 """
 
+# The shedder fault's ballast: touched pages (a large bytes object is its own mmap, so freeing
+# it gives them back at once), kept on `sys` between two console sessions.
+BALLAST = """
+import sys
+from gateway.node.memory_reader import rss_anon_bytes
+_before = rss_anon_bytes()
+sys._yuzu_soak_ballast = b"\\x01" * max(0, {high} - _before + {margin})
+_after = rss_anon_bytes()
+"""
+DROP_BALLAST = """
+import sys
+sys.__dict__.pop("_yuzu_soak_ballast", None)
+"""
+SHEDDING = """
+from actors.memory.api import shedding_now
+"""
+# Past the high-water mark by this much, so the node's own churn cannot take it back under.
+BALLAST_MARGIN_BYTES = 64 * 2**20
+# How long the shedder may take to notice either way: many of its samples.
+SHEDDER_NOTICE_S = 10.0
+
 KILL_NAMED = """
 _victim = runtime.whereis({name!r})
 _killed = 0 if _victim is None else 1
@@ -108,6 +129,8 @@ class Faults:
                 fake.freeze()
                 await asyncio.sleep(event.hold_s)
                 fake.unfreeze()
+            case sched.SHEDDER_OVER:
+                record.detail.update(await self._over_the_mark(event.hold_s))
             case sched.UPSTREAM_RESTART:
                 # A new server instance: its in-memory sessions are gone, its connections
                 # dropped; the durable route directory survives, as the server's does.
@@ -115,6 +138,45 @@ class Faults:
             case _:
                 raise ValueError(f"not a fault: {event.kind}")
         record.done = loop.time()
+
+    async def _shedding_becomes(self, wanted: bool) -> bool:
+        """Whether the shedder's published verdict becomes `wanted` within SHEDDER_NOTICE_S."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHEDDER_NOTICE_S
+        while await self.stack.eval_json("shedding_now(runtime)", SHEDDING) != wanted:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
+    async def _over_the_mark(self, hold_s: float) -> dict[str, Any]:
+        """Ballast past the high-water mark for `hold_s`, then dropped: the shedder must shed,
+        and leave shedding once memory is back under its low mark (seed: "Node-wide memory
+        load shedding")."""
+        high, _ = self.stack.shedder_marks
+        rss = await self.stack.eval_json(
+            "[_before, _after]", BALLAST.format(high=high, margin=BALLAST_MARGIN_BYTES)
+        )
+        try:
+            entered = await self._shedding_becomes(True)
+            await asyncio.sleep(hold_s)
+        finally:
+            await self.stack.eval(DROP_BALLAST)
+        left = await self._shedding_becomes(False)
+        return {
+            "rss_anon_before": rss[0],
+            "rss_anon_over": rss[1],
+            "entered": entered,
+            "left": left,
+        }
+
+    def shedder_misses(self) -> dict[str, int]:
+        """The shedder faults whose shedder did not shed over the mark, or did not stop."""
+        runs = [f.detail for f in self.faults if f.kind == sched.SHEDDER_OVER]
+        return {
+            "shedder_not_shedding_over_mark": sum(1 for d in runs if not d.get("entered")),
+            "shedder_still_shedding_under_mark": sum(1 for d in runs if not d.get("left")),
+        }
 
     async def command(self, event: sched.Fault) -> None:
         """One SendCommand, collected until its stream ends (or hangs)."""

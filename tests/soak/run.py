@@ -139,6 +139,7 @@ async def run_soak(
                 **inv.command_counts(faults.commands, faults.router_kills(), ROUTER_RESTART_S),
                 **inv.gauge_counts(exposition, snapshot["registry"]),
                 **inv.rss_counts(rss[0], rss[-1]),
+                **faults.shedder_misses(),
             }
             progress("planned stop")
             exit_status = await stack.planned_stop()
@@ -152,7 +153,12 @@ async def run_soak(
                 "agents": agents,
                 "minutes": minutes,
                 "faults": [
-                    {"kind": f.kind, "at_s": f.at_s, "took_s": round(f.done - f.started, 3)}
+                    {
+                        "kind": f.kind,
+                        "at_s": f.at_s,
+                        "took_s": round(f.done - f.started, 3),
+                        **f.detail,
+                    }
                     for f in faults.faults
                 ],
                 "commands": len(faults.commands),

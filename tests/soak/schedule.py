@@ -30,6 +30,8 @@ HEARTBEAT_BUFFER_KILL = "heartbeat_buffer_kill"
 UPSTREAM_DROP = "upstream_drop"
 UPSTREAM_STALL = "upstream_stall"
 UPSTREAM_RESTART = "upstream_restart"
+# Memory in use pushed over the shedder's high-water mark for a hold, then let fall back.
+SHEDDER_OVER = "shedder_over"
 FAULT_KINDS = (
     OWNER_KILL,
     OWNER_MASS_KILL,
@@ -40,6 +42,7 @@ FAULT_KINDS = (
     UPSTREAM_DROP,
     UPSTREAM_STALL,
     UPSTREAM_RESTART,
+    SHEDDER_OVER,
 )
 # The registered name each kill of a permanent child of gateway_sup ends.
 ROOT_KILLS = {
@@ -48,15 +51,18 @@ ROOT_KILLS = {
     UPSTREAM_KILL: "upstream",
     HEARTBEAT_BUFFER_KILL: "heartbeat_buffer",
 }
+# The faults that last `hold_s`.
+HELD = (UPSTREAM_DROP, UPSTREAM_STALL, SHEDDER_OVER)
 COMMAND = "command"
 BROADCAST = "broadcast"
 
 WARMUP_S = 15.0
 TAIL_S = 20.0
 FAULT_GAP_S = 6.0
-FAULT_JITTER_S = 2.0
-# A drop or a stall lasts this long (drawn in the range): longer than a heartbeat flush and a
-# few breaker failures, shorter than the agents' Register deadline.
+FAULT_JITTER_S = 1.5
+# A drop, a stall or the memory over the shedder's mark lasts this long (drawn in the range):
+# longer than a heartbeat flush and a few breaker failures, shorter than the agents' Register
+# deadline.
 HOLD_S = (2.0, 5.0)
 ROOT_WINDOW_S = 60.0
 ROOT_KILLS_PER_WINDOW = 4
@@ -109,7 +115,7 @@ def _fault(rng: random.Random, kind: str, at_s: float, agents: int, cycle: int) 
         return Fault(at_s, kind, size=1, cycle=cycle)
     if kind == OWNER_MASS_KILL:
         return Fault(at_s, kind, size=mass_kill_size(agents), cycle=cycle)
-    if kind in (UPSTREAM_DROP, UPSTREAM_STALL):
+    if kind in HELD:
         return Fault(at_s, kind, hold_s=round(rng.uniform(*HOLD_S), 3), cycle=cycle)
     return Fault(at_s, kind, cycle=cycle)
 

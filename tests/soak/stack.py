@@ -28,14 +28,30 @@ BOOT_S = 30.0
 STOP_S = 60.0
 # The planned stop's budget: the shipped default (seed: "Planned stop").
 FLUSH_BUDGET_MS = 20000
+# The memory shedder's marks, in bytes of RssAnon (what it samples): far above what the fleet
+# costs (about 45 KB an agent, docs/dev/benchmarks.md, `agents`), so only the `shedder_over` fault's
+# ballast crosses them. Sampled every SHEDDER_INTERVAL_MS.
+SHEDDER_BASE_BYTES = 512 * 2**20
+SHEDDER_BYTES_PER_AGENT = 96 * 2**10
+SHEDDER_HYSTERESIS_BYTES = 128 * 2**20
+SHEDDER_INTERVAL_MS = 200
+
+
+def shedder_marks(agents: int) -> tuple[int, int]:
+    """The (high, low) water marks for a fleet of `agents`."""
+    high = SHEDDER_BASE_BYTES + agents * SHEDDER_BYTES_PER_AGENT
+    return high, high - SHEDDER_HYSTERESIS_BYTES
 
 
 def soak_config(tmp: Path, upstream_port: int, agents: int) -> Path:
-    """test.config with the fake server as the upstream, room for the fleet's connections and
-    the shipped flush budget."""
+    """test.config with the fake server as the upstream, room for the fleet's connections,
+    the shipped flush budget and the shedder's marks."""
+    high, low = shedder_marks(agents)
     upstream = (
         "{upstream_client, #{channels => [{default_channel,"
-        f' [{{http, "127.0.0.1", {upstream_port}, []}}], #{{}}}}]}}}}'
+        f' [{{http, "127.0.0.1", {upstream_port}, []}}], #{{}}}}]}}}},'
+        f" {{memory_shedding, #{{interval_ms => {SHEDDER_INTERVAL_MS},"
+        f" high_water_bytes => {high}, low_water_bytes => {low}}}}}"
     )
     text = TEST_CONFIG.read_text().replace("{allow_no_upstream, true}", upstream)
     text = text.replace(
@@ -93,6 +109,10 @@ class Stack:
         self.bound: dict[str, tuple[str, int]] = {}
         self.fleet: list[AgentProcess] = []
         self.node_exit: int | None = None
+
+    @property
+    def shedder_marks(self) -> tuple[int, int]:
+        return shedder_marks(self.agents)
 
     @property
     def console(self) -> Path:

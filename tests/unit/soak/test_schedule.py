@@ -42,7 +42,7 @@ def test_faults_are_apart_inside_the_window_and_respect_the_root(
     for f in plan.faults:
         if f.kind == sched.OWNER_MASS_KILL:
             assert 1 <= f.size <= min(sched.MASS_KILL_MAX, max(1, agents))
-        if f.kind in (sched.UPSTREAM_DROP, sched.UPSTREAM_STALL):
+        if f.kind in sched.HELD:
             assert sched.HOLD_S[0] <= f.hold_s <= sched.HOLD_S[1]
 
 
