@@ -9,7 +9,8 @@ the metrics, one warn limiter, and the two rules every method follows.
   refused, INTERNAL, before any upstream call, and the refusal is told to the `upstream` actor
   as a local encoding failure: counted in `yuzu_gw_upstream_rpc_errors_total{code="encode"}`,
   logged through its limiter, and neutral to the breaker (seed: "Known limits"; SPEC_INDEX
-  S11, S12, S23).
+  S11, S12, S23). Its detail names the cause (`invalid_utf8`, `not_protobuf`) and that the
+  gateway refused it itself, so the upstream actor's line does not read as a call that failed.
 - **One line per crash.** `guarded` wraps each handler: any exception that is not a status the
   handler chose is answered INTERNAL with one ERROR line naming the method, the exception class
   and the top frame only. grpclib's own handler would log the whole traceback (its locals can
@@ -21,6 +22,7 @@ the metrics, one warn limiter, and the two rules every method follows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -33,10 +35,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Stream
 
+from actors.core.admission import Call
 from actors.core.breaker import Lane, ResultKind
 from actors.core.warn_limit import WarnLimiter
 from actors.upstream.actor import Outcome, breaker_view
 from actors.upstream.api import UPSTREAM_NAME as UPSTREAM
+from gateway.agent.admission import AgentAdmission
 from gateway.agent.lenient import Undecoded
 from gateway.agent.metrics import AgentMetrics
 from gateway.agent.status import internal
@@ -49,6 +53,8 @@ from supervisors.runtime import LoopSystemBase
 
 __all__ = [
     "MAX_REQUEST_BYTES",
+    "NOT_PROTOBUF_DETAIL",
+    "UNDECODABLE_DETAIL",
     "AgentPlane",
     "conn_key",
     "crashed",
@@ -65,8 +71,10 @@ log = logging.getLogger("yuzu_gw.agent")
 # The server's gRPC receive limit (K03), not raised: a request the gateway would forward over
 # it is refused here instead of being answered RESOURCE_EXHAUSTED by the server.
 MAX_REQUEST_BYTES = 4_194_304
-# What the upstream actor's encode line names for a request refused as `undecodable`.
-UNDECODABLE_DETAIL = "request not decodable (invalid UTF-8?)"
+# What the upstream actor's encode line names for a request refused as `undecodable`: its cause,
+# and that nothing left the gateway (`Upstream RPC ProxyRegister raised error:<detail>`).
+UNDECODABLE_DETAIL = "invalid_utf8 (the agent's request; refused locally, nothing sent)"
+NOT_PROTOBUF_DETAIL = "not_protobuf (the agent's request; refused locally, nothing sent)"
 
 M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, Stream[Any, Any]], Awaitable[None]]
@@ -83,6 +91,15 @@ class AgentPlane:
     metrics: AgentMetrics
     # One line per second per kind, shared by every request process of the node.
     limiter: WarnLimiter = attrs.field(factory=WarnLimiter)
+    # Register's and Subscribe's storm bound (gateway/agent/admission.py); None on a plane a
+    # test builds without a node's config: every call admitted.
+    admission: AgentAdmission | None = None
+
+    def admitted(self, call: Call) -> contextlib.AbstractContextManager[None]:
+        """The block of one admitted call, or its `AdmissionRefusal` raised."""
+        if self.admission is None:
+            return contextlib.nullcontext()
+        return self.admission.admitted(call, self.metrics)
 
     def now(self) -> float:
         return self.runtime.loop.time()
@@ -124,12 +141,17 @@ async def receive(stream: Stream[M, Any]) -> M | Undecoded:
     return request
 
 
-def undecodable(plane: AgentPlane, lane: Lane | None, upstream_method: str = "") -> GRPCError:
+def undecodable(
+    plane: AgentPlane, lane: Lane | None, upstream_method: str = "", *, protobuf: bool = True
+) -> GRPCError:
     """The INTERNAL for a request that cannot be forwarded as received (module doc). `lane`
     names the upstream call the request is for; None when it is not forwarded as is
-    (Heartbeat)."""
+    (Heartbeat). `protobuf` False: the bytes are not the message's wire format at all."""
     if lane is not None:
-        plane.local_refusal(lane, upstream_method, UNDECODABLE_DETAIL)
+        detail = UNDECODABLE_DETAIL if protobuf else NOT_PROTOBUF_DETAIL
+        plane.local_refusal(lane, upstream_method, detail)
+    if not protobuf:
+        return internal("request cannot be decoded: not a protobuf message")
     return internal("request cannot be decoded")
 
 
@@ -141,7 +163,7 @@ def loosened(
     try:
         return lenient.FromString(received.data)
     except DecodeError:
-        raise undecodable(plane, lane, method) from None
+        raise undecodable(plane, lane, method, protobuf=False) from None
 
 
 def refuse_oversize(plane: AgentPlane, request: Message, lane: Lane, upstream_method: str) -> None:

@@ -22,6 +22,9 @@
   actor, so a listener that crashed reads as not running until its successor is up.
 - `terminate` closes the listen socket and every connection (GOAWAY, then close): listeners
   stop first in a planned stop, after the drain has had its time.
+- With `extras` (the node's `ListenerExtras`), every route served is counted and timed
+  (rpc_metrics.py), and a `Drain` turns the node's gRPC Health NOT_SERVING before the GOAWAY
+  goes (grpc_health.py): only the planned stop drains.
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ from actors.listeners.api import (
 )
 from gateway.config.listener_spec import ListenerSpec
 from gateway.listeners.connection import ConnectionInfo
+from gateway.listeners.extras import ListenerExtras
 from gateway.listeners.metrics import ListenerMetrics
 from gateway.listeners.retry_hint import OVERLOADED_HINT_MS
-from gateway.listeners.server import ListenerServer, Routes
+from gateway.listeners.server import HANDSHAKE_TIMEOUT_S, ListenerServer, Routes
 from gateway.listeners.tls import TlsFilesUnusable
 from supervisors.address import Address
 from supervisors.messages import WorkerDone
@@ -108,14 +112,24 @@ class ListenerArgs:
     # Told the address actually bound (port 0 picks a free one, as tests do).
     on_bound: Callable[[str, tuple[str, int]], None] | None = None
     on_connection_closed: Callable[[ConnectionInfo], None] | None = None
+    # Health, reflection (already in `routes`) and the RPC metrics; None in bare tests.
+    extras: ListenerExtras | None = None
+    # listener_handshake_timeout_ms, in seconds.
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
 
 
 class ListenerActor(Process):
     def init(self, args: ListenerArgs) -> None:
         self.spec = args.spec
+        self.extras = args.extras
+        routes = args.routes if args.extras is None else args.extras.metrics.instrument(args.routes)
         try:
             self.server = ListenerServer(
-                args.spec, args.routes, args.metrics, args.on_connection_closed
+                args.spec,
+                routes,
+                args.metrics,
+                args.on_connection_closed,
+                handshake_timeout_s=args.handshake_timeout_s,
             )
         except TlsFilesUnusable as exc:
             # The crash reason carries the class only; this line says which file.
@@ -197,6 +211,8 @@ class ListenerActor(Process):
         return self._publish(RUNNING)
 
     def _drain(self, reason: str, retry_after_ms: tuple[int, int]) -> Drained:
+        if self.extras is not None:
+            self.extras.board.stop_serving()
         told = self.server.drain(reason, retry_after_ms)
         log.info(
             "gRPC listener %s draining (%s): GOAWAY sent on %d connection(s); new streams"

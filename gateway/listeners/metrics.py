@@ -1,5 +1,5 @@
 """The listeners' counters (seed: "Origin counters", "Node-wide memory load shedding"; seed
-001's go-away counter).
+001's go-away counter; the refused calls and handshakes of docs/listeners.md "Hostile input").
 
 Every label comes from a closed set and every series exists from the start at 0, so an alert on
 a rate sees a flat line rather than no data. An address is never a label. The seed's families
@@ -37,6 +37,42 @@ GOAWAY_REASONS: Final = (
     CANCEL_RATE,
     GRACE_ENDED,
     LISTENER_STOPPED,
+)
+
+# Why a call was refused for what it put on the wire (gateway/listeners/request.py).
+DEADLINE_EXPIRED: Final = "deadline_expired"  # grpc-timeout 0: DEADLINE_EXCEEDED
+BAD_TIMEOUT: Final = "bad_timeout"  # grpc-timeout not 1 to 8 digits and a unit: INTERNAL
+BAD_METADATA: Final = "bad_metadata"  # a -bin header that is not base64: INTERNAL
+COMPRESSED: Final = "compressed"  # the compressed flag set: UNIMPLEMENTED
+BAD_MESSAGE_FLAG: Final = "bad_message_flag"  # a flag byte other than 0 and 1: INTERNAL
+TRUNCATED_MESSAGE: Final = "truncated_message"  # the stream ended inside a message: INTERNAL
+EXTRA_MESSAGE: Final = "extra_message"  # a second request message on a unary call: INTERNAL
+REFUSAL_REASONS: Final = (
+    DEADLINE_EXPIRED,
+    BAD_TIMEOUT,
+    BAD_METADATA,
+    COMPRESSED,
+    BAD_MESSAGE_FLAG,
+    TRUNCATED_MESSAGE,
+    EXTRA_MESSAGE,
+)
+
+# Why a connection was closed before HTTP/2 started (gateway/listeners/server.py `_setup`).
+PROXY_HEADER_TIMEOUT: Final = "proxy_header_timeout"  # no complete PROXY header in 1 s
+BAD_PROXY_HEADER: Final = "bad_proxy_header"  # anything else where the header should be
+TLS_TIMEOUT: Final = "tls_timeout"  # the TLS handshake outlasted the handshake time-out
+TLS_FAILED: Final = "tls_failed"  # the TLS handshake failed (a bad certificate, not TLS)
+PREFACE_TIMEOUT: Final = "preface_timeout"  # no HTTP/2 preface and SETTINGS within it
+BAD_PREFACE: Final = "bad_preface"  # the first bytes are not the HTTP/2 client preface
+PEER_CLOSED: Final = "peer_closed"  # the client went away during the handshake
+HANDSHAKE_REASONS: Final = (
+    PROXY_HEADER_TIMEOUT,
+    BAD_PROXY_HEADER,
+    TLS_TIMEOUT,
+    TLS_FAILED,
+    PREFACE_TIMEOUT,
+    BAD_PREFACE,
+    PEER_CLOSED,
 )
 
 
@@ -86,6 +122,19 @@ class ListenerMetrics:
             for reason in Ignored
         }
 
+        self.request_refused = Counter(
+            "yuzu_gw_grpc_request_refused",
+            "Calls refused for what the client put on the wire, by listener and reason.",
+            ["listener", "reason"],
+            registry=registry,
+        )
+        self.handshake_failed = Counter(
+            "yuzu_gw_listener_handshake_failed",
+            "Connections closed before HTTP/2 started, by listener and reason.",
+            ["listener", "reason"],
+            registry=registry,
+        )
+
     def ignored(self, mode: Mode, reason: Ignored) -> None:
         self._ignored[(mode, reason)].inc()
 
@@ -96,3 +145,11 @@ class ListenerMetrics:
     def goaways(self, listener: str) -> Mapping[str, Counter]:
         """The GOAWAY series of one listener, by reason, each made now at 0."""
         return {reason: self.goaway_sent.labels(listener, reason) for reason in GOAWAY_REASONS}
+
+    def refusals(self, listener: str) -> Mapping[str, Counter]:
+        """The refused-call series of one listener, by reason, each made now at 0."""
+        return {r: self.request_refused.labels(listener, r) for r in REFUSAL_REASONS}
+
+    def handshakes(self, listener: str) -> Mapping[str, Counter]:
+        """The failed-handshake series of one listener, by reason, each made now at 0."""
+        return {r: self.handshake_failed.labels(listener, r) for r in HANDSHAKE_REASONS}

@@ -32,6 +32,13 @@ What this adds to grpclib's `H2Protocol` and `Handler`, each where grpclib leave
   it, so each is reset REFUSED_STREAM before grpclib sees it (the client may retry it elsewhere).
 - Every GOAWAY sent, graceful or before a close (`kill`), is counted with its reason in
   `yuzu_gw_listener_goaway_sent_total{listener,reason}` (metrics.py names the reasons).
+- Handshake time-out: a connection whose client has not sent the HTTP/2 preface and its first
+  SETTINGS by the handshake deadline (`listener_handshake_timeout_ms` after the accept, the
+  PROXY header and TLS handshake included) is closed and counted `preface_timeout`; first bytes
+  that are not the preface are counted `bad_preface` (`Refusals.handshake`).
+- Each RPC stream is served by `request.Served.serve_stream` (hostile input answered by name),
+  and its buffer (`buffer.GuardedBuffer`) names a stream that ends inside a message where
+  grpclib's raised AssertionError.
 """
 
 from __future__ import annotations
@@ -42,14 +49,15 @@ import contextvars
 import copy
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, cast
 
 import attrs
 from grpclib.config import Configuration
-from grpclib.protocol import Buffer, Connection, EventsProcessor, H2Protocol, Stream
-from grpclib.server import Handler, request_handler
+from grpclib.protocol import Connection, EventsProcessor, H2Protocol, Stream
+from grpclib.server import Handler
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
@@ -67,20 +75,24 @@ from prometheus_client import Counter
 
 from gateway.config.listener_spec import ListenerSpec
 from gateway.config.origin_sources import Mode, Sources
+from gateway.listeners.buffer import GuardedBuffer
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.listeners.h2_settings import compact
 from gateway.listeners.metrics import (
+    BAD_PREFACE,
     CANCEL_RATE,
     DRAINING,
-    EXTRA_REQUEST_DATA,
     IDLE_TIMEOUT,
     MEMORY_BOUND,
     OVERLOADED,
+    PREFACE_TIMEOUT,
     STREAM_ENDED,
     ListenerMetrics,
 )
 from gateway.listeners.origin import XFF_HEADER, Claim, Ignored, attribute, forwarded_claim
+from gateway.listeners.refusals import Refusals
+from gateway.listeners.request import Served
 
 log = logging.getLogger("yuzu_gw.listeners")
 
@@ -129,9 +141,13 @@ class ConnectionPolicy:
     trusted_hops: int
     metrics: ListenerMetrics
     goaways: Mapping[str, Counter]
+    refusals: Refusals
+    handshake_timeout_s: float
 
     @classmethod
-    def of(cls, spec: ListenerSpec, metrics: ListenerMetrics) -> ConnectionPolicy:
+    def of(
+        cls, spec: ListenerSpec, metrics: ListenerMetrics, handshake_timeout_s: float
+    ) -> ConnectionPolicy:
         idle = spec.http2.idle_timeout_ms
         count, period_ms = spec.http2.max_cancel_stream_rate
         return cls(
@@ -147,6 +163,13 @@ class ConnectionPolicy:
             trusted_hops=spec.origin.trusted_hops,
             metrics=metrics,
             goaways=metrics.goaways(spec.name),
+            refusals=Refusals(
+                spec.name,
+                metrics.refusals(spec.name),
+                metrics.handshakes(spec.name),
+                time.monotonic,
+            ),
+            handshake_timeout_s=handshake_timeout_s,
         )
 
     @property
@@ -166,6 +189,7 @@ class ListenerProtocol(H2Protocol):
         policy: ConnectionPolicy,
         info: ConnectionInfo,
         claim: Claim | None,
+        handshake_deadline: float,
         on_made: Callable[[ListenerProtocol], None],
         on_lost: Callable[[ListenerProtocol], None],
     ) -> None:
@@ -186,6 +210,10 @@ class ListenerProtocol(H2Protocol):
         self._killed = False
         self._last_rx = 0.0
         self._idle: asyncio.TimerHandle | None = None
+        # Loop time by which the client's preface and first SETTINGS must have arrived.
+        self._handshake_deadline = handshake_deadline
+        self._preface: asyncio.TimerHandle | None = None
+        self.settled = False
         self._cancels = 0
         self._cancel_window = 0.0
         # The last stream id of the graceful GOAWAY sent, once sent: streams above it are refused.
@@ -235,6 +263,7 @@ class ListenerProtocol(H2Protocol):
         self._last_rx = self.loop.time()
         if self.policy.idle_timeout_s is not None:
             self._idle = self.loop.call_later(self.policy.idle_timeout_s, self._idle_check)
+        self._preface = self.loop.call_at(self._handshake_deadline, self._preface_missing)
         self._on_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -245,6 +274,9 @@ class ListenerProtocol(H2Protocol):
             # Includes a peer opening more streams than max_concurrent_streams (h2 treats it
             # as a connection error) and a peer overrunning its flow-control window.
             log.debug("gRPC listener %s: HTTP/2 protocol error", self.policy.listener)
+            if not self.settled:
+                self._settle()
+                self.policy.refusals.handshake(BAD_PREFACE)
             self.processor.close("Protocol error")
             return
         self.connection.flush()
@@ -257,6 +289,8 @@ class ListenerProtocol(H2Protocol):
                 continue
             if kind is RemoteSettingsChanged or kind is SettingsAcknowledged:
                 _compact_settings(self._h2)
+                if kind is RemoteSettingsChanged and not self.settled:
+                    self._settle()  # the preface and the client's first SETTINGS are in
             if kind is DataReceived and event.stream_id not in streams:
                 # A stream whose handler is done: grpclib acknowledges and drops it.
                 self.policy.metrics.dropped(STREAM_ENDED, len(event.data or b""))
@@ -290,6 +324,7 @@ class ListenerProtocol(H2Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
+        self._settle()
         super().connection_lost(exc)
         self.info.closed()
         self._on_lost(self)
@@ -345,6 +380,23 @@ class ListenerProtocol(H2Protocol):
                 self._h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
         elif kind is DataReceived:
             self.connection.ack(event.stream_id, event.flow_controlled_length)
+
+    def _settle(self) -> None:
+        self.settled = True
+        if self._preface is not None:
+            self._preface.cancel()
+            self._preface = None
+
+    def _preface_missing(self) -> None:
+        """The handshake deadline passed without the client's preface and SETTINGS: the
+        connection holds a slot of max_connections for nothing (a slow-connection hold)."""
+        self._preface = None
+        if self.settled or self._transport is None:
+            return
+        self.settled = True
+        self.policy.refusals.handshake(PREFACE_TIMEOUT)
+        self._killed = True
+        self._transport.close()
 
     def _idle_check(self) -> None:
         assert self.policy.idle_timeout_s is not None
@@ -426,6 +478,8 @@ class ListenerHandler(Handler):
 
     # Set by the protocol it serves, right after both are made.
     owner: ListenerProtocol
+    # What its streams are served with, made at the first stream.
+    _served: Served | None = None
 
     def cancel(self, stream: Stream) -> None:
         # A reset that arrives after the stream's task finished has nothing left to cancel.
@@ -459,17 +513,16 @@ class ListenerHandler(Handler):
 
         context = contextvars.copy_context()
         context.run(CURRENT_CALL.set, call)
-        task = self.loop.create_task(
-            request_handler(
+        if self._served is None:
+            self._served = Served(
                 self.mapping,
-                stream,
-                headers,
                 self.codec,
                 self.status_details_codec,
                 self.dispatch,
-                release,
-            ),
-            context=context,
+                owner.policy.refusals,
+            )
+        task = self.loop.create_task(
+            self._served.serve_stream(stream, headers, release), context=context
         )
         buffer.task = task
         self._tasks[stream] = task
@@ -489,69 +542,3 @@ class ListenerHandler(Handler):
             # garbage collection instead of going when the connection lets go of the stream.
             buffer.task = None
             buffer.stream = None
-
-
-class GuardedBuffer(Buffer):
-    """A stream's receive buffer that reports what it holds to the connection and times out
-    a handler stuck on a half-received request (module doc)."""
-
-    def __init__(
-        self,
-        ack_callback: Callable[[int], None],
-        owner: ListenerProtocol,
-        stream: Stream,
-        unary: bool,
-    ) -> None:
-        super().__init__(ack_callback)
-        self.owner = owner
-        self.stream: Stream | None = stream
-        self.unary = unary
-        self.task: asyncio.Task[None] | None = None
-        self.held = 0
-        self.ended = False
-        # grpclib reads a message as a 5-byte prefix, then its body: after a prefix that
-        # announces a body, the handler is in the middle of a message.
-        self.mid_message = False
-
-    def add(self, data: bytes, ack_size: int) -> None:
-        super().add(data, ack_size)
-        self.held += len(data)
-        self.owner.charge(len(data))
-
-    def eof(self) -> None:
-        super().eof()
-        self.ended = True
-
-    async def read(self, size: int) -> bytes:
-        if size == 0:
-            return b""
-        timer = None
-        if self.held < size and not self.ended and (self.unary or self.mid_message):
-            timer = self.owner.loop.call_later(self.owner.policy.request_timeout_s, self._stalled)
-        try:
-            chunk = await super().read(size)
-        finally:
-            if timer is not None:
-                timer.cancel()
-        self.held -= len(chunk)
-        self.owner.release(len(chunk))
-        if self.mid_message:
-            self.mid_message = False
-        elif len(chunk) == 5 and int.from_bytes(chunk[1:5], "big") > 0:
-            self.mid_message = True
-        return chunk
-
-    def discard(self) -> None:
-        """The stream is released: what no handler read is dropped."""
-        if self.held:
-            self.owner.policy.metrics.dropped(EXTRA_REQUEST_DATA, self.held)
-            self.owner.release(self.held)
-            self.held = 0
-
-    def _stalled(self) -> None:
-        self.owner.policy.metrics.recv_timeout.inc()
-        log.debug("gRPC listener %s: a request stalled; stream reset", self.owner.policy.listener)
-        if self.stream is not None and self.stream.closable:
-            self.stream.reset_nowait(ErrorCodes.CANCEL)
-        if self.task is not None:
-            self.task.cancel()

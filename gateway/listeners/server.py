@@ -14,7 +14,11 @@ before a TLS handshake. So:
   unaffected, as Ranch does. Each wake accepts at most `acceptors` connections in a row (the
   nearest asyncio meaning of Ranch's acceptor count) so a storm cannot starve the loop.
 - Each accepted socket is set up in its own short task: the PROXY header (about 1 s, then the
-  connection is closed), the TLS handshake (10 s), then grpclib's HTTP/2 protocol.
+  connection is closed), the TLS handshake, then grpclib's HTTP/2 protocol, all of it, the
+  client's HTTP/2 preface and first SETTINGS included, within `listener_handshake_timeout_ms`
+  of the accept (10 s by default): a connection that sends nothing, or half a preface, would
+  otherwise hold a slot of `max_connections` until the idle timeout. Each connection closed
+  before HTTP/2 started is counted by reason (`yuzu_gw_listener_handshake_failed_total`).
 - `suspend()` closes the listen socket: a new connection is refused at once and ones the
   kernel had queued are reset; established connections are untouched. `bind()` again resumes
   on the same port. `close()` also ends every connection.
@@ -48,7 +52,17 @@ from h2.errors import ErrorCodes
 from gateway.config.listener_spec import ListenerSpec
 from gateway.config.origin_sources import Mode
 from gateway.listeners.connection import ConnectionInfo, next_key
-from gateway.listeners.metrics import GRACE_ENDED, LISTENER_STOPPED, OVERLOADED, ListenerMetrics
+from gateway.listeners.metrics import (
+    BAD_PROXY_HEADER,
+    GRACE_ENDED,
+    LISTENER_STOPPED,
+    OVERLOADED,
+    PEER_CLOSED,
+    PROXY_HEADER_TIMEOUT,
+    TLS_FAILED,
+    TLS_TIMEOUT,
+    ListenerMetrics,
+)
 from gateway.listeners.origin import Claim, peer_address
 from gateway.listeners.protocol import ConnectionPolicy, ListenerHandler, ListenerProtocol
 from gateway.listeners.proxy_header import (
@@ -72,7 +86,8 @@ BACKLOG = 4096
 # bind rather than silently taking part of the connections.
 REUSEPORT_VAR = "YUZU_GW_REUSEPORT"
 PROXY_HEADER_TIMEOUT_S = 1.0
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# listener_handshake_timeout_ms's default (gateway/config/keys/listeners.py), for bare tests.
+HANDSHAKE_TIMEOUT_S = 10.0
 # Out of descriptors (or kernel memory): the socket stays readable, so accepting again at
 # once would spin. Ranch sleeps too.
 _ACCEPT_RETRY_S = 0.1
@@ -102,6 +117,8 @@ class _Core(Server):
         policy: ConnectionPolicy,
         info: ConnectionInfo,
         claim: Claim | None,
+        *,
+        handshake_deadline: float,
         on_made: Callable[[ListenerProtocol], None],
         on_lost: Callable[[ListenerProtocol], None],
     ) -> ListenerProtocol:
@@ -117,6 +134,7 @@ class _Core(Server):
             policy=policy,
             info=info,
             claim=claim,
+            handshake_deadline=handshake_deadline,
             on_made=on_made,
             on_lost=on_lost,
         )
@@ -129,9 +147,10 @@ class ListenerServer:
         routes: Collection[Routes],
         metrics: ListenerMetrics,
         on_connection_closed: Callable[[ConnectionInfo], None] | None = None,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ) -> None:
         self.spec = spec
-        self.policy = ConnectionPolicy.of(spec, metrics)
+        self.policy = ConnectionPolicy.of(spec, metrics, handshake_timeout_s)
         # Reads the certificate files: a listener that cannot load them does not start.
         self._ssl: ssl.SSLContext | None = (
             server_context(spec.tls, spec.name) if spec.tls is not None else None
@@ -319,34 +338,44 @@ class ListenerServer:
         self, loop: asyncio.AbstractEventLoop, conn: socket.socket, addr: tuple[str, int]
     ) -> None:
         protocol: ListenerProtocol | None = None
+        refusals = self.policy.refusals
+        # One deadline for everything before HTTP/2 runs; the protocol holds the client's
+        # preface and first SETTINGS to what is left of it.
+        deadline = loop.time() + self.policy.handshake_timeout_s
+        stage = PROXY_HEADER_TIMEOUT
         try:
             claim: Claim | None = None
             if self.policy.mode is Mode.PROXY_PROTOCOL:
                 # Seed: "Every connection on the listener must carry the header or it is
                 # closed (after a second)".
-                async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
+                async with asyncio.timeout(min(PROXY_HEADER_TIMEOUT_S, deadline - loop.time())):
                     header = await read_proxy_header(loop, conn)
                 claim = header.claim()
+            stage = TLS_TIMEOUT
             info = ConnectionInfo(next_key(), self.spec.name, peer_address(addr[0]), addr[1])
-            protocol = self._core.protocol(self.policy, info, claim, self._made, self._lost)
-            made = protocol
-            await loop.connect_accepted_socket(
-                lambda: made,
-                conn,
-                ssl=self._ssl,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self._ssl is not None else None,
+            protocol = self._core.protocol(
+                self.policy,
+                info,
+                claim,
+                handshake_deadline=deadline,
+                on_made=self._made,
+                on_lost=self._lost,
             )
+            made = protocol
+            # asyncio's own handshake timer is left at its default (60 s), above ours, so the
+            # time-out is always this one and counted as such.
+            async with asyncio.timeout_at(deadline):
+                await loop.connect_accepted_socket(lambda: made, conn, ssl=self._ssl)
         except asyncio.CancelledError:
             self._abandon(conn, protocol)
             raise
         except Exception as exc:
             # A scanner, a health check without the header, a failed handshake (OSError,
             # SSLError, ProxyHeaderError, TimeoutError, EOFError): routine on an
-            # unauthenticated port, so not worth more than a debug line. Whatever it was, the
-            # slot must come back, or the ceiling would shrink by one for good.
-            log.debug(
-                "gRPC listener %s: connection not set up (%s)", self.spec.name, type(exc).__name__
-            )
+            # unauthenticated port, so counted by reason and not worth more than a debug line.
+            # Whatever it was, the slot must come back, or the ceiling would shrink for good.
+            if protocol is None or not protocol.made:
+                refusals.handshake(_failed_reason(exc, stage))
             self._abandon(conn, protocol)
 
     def _abandon(self, conn: socket.socket, protocol: ListenerProtocol | None) -> None:
@@ -377,6 +406,15 @@ class ListenerServer:
         self._count -= 1
         if self._slot_freed is not None:
             self._slot_freed.set()
+
+
+def _failed_reason(exc: Exception, stage: str) -> str:
+    """The handshake counter's reason for a setup that failed with `exc` at `stage`."""
+    if isinstance(exc, TimeoutError):
+        return stage
+    if isinstance(exc, EOFError | ConnectionError):
+        return PEER_CLOSED
+    return BAD_PROXY_HEADER if stage == PROXY_HEADER_TIMEOUT else TLS_FAILED
 
 
 # -- the PROXY header on a raw socket ---------------------------------------------------------

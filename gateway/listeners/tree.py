@@ -23,11 +23,16 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from gateway.config.context import NodeContext
-from gateway.config.keys.listeners import ALLOW_NO_LISTENERS, GRPC_LISTENERS
+from gateway.config.keys.listeners import (
+    ALLOW_NO_LISTENERS,
+    GRPC_LISTENERS,
+    LISTENER_HANDSHAKE_TIMEOUT_MS,
+)
 from gateway.config.listener_spec import BAD_ROUTES, ListenerSpec
 from gateway.config.refusal import BootRefused
 from gateway.config.terms import format_atom
 from gateway.listeners.connection import ConnectionInfo
+from gateway.listeners.extras import ListenerExtras
 from gateway.listeners.listener_actor import (
     RUNNING,
     STATE_ROW,
@@ -70,7 +75,10 @@ def listener_child_specs(
     told every connection that goes away (the registry's ConnectionDown). `peer_gate` puts the
     management peer authorisation in front of the management routes (docs/mgmt-auth.md)."""
     specs: tuple[ListenerSpec, ...] = ctx.config[GRPC_LISTENERS]
-    routes = {spec.name: resolve_routes(spec, handlers) for spec in specs}
+    # Health and opt-in reflection beside the configured services (before the gate: it guards
+    # reflection, never Health), and the RPC metrics (gateway/listeners/extras.py).
+    extras = ListenerExtras.of(ctx)
+    routes = {spec.name: extras.add_routes(spec, resolve_routes(spec, handlers)) for spec in specs}
     if peer_gate is not None:
         routes = {spec.name: peer_gate.guard(spec, routes[spec.name]) for spec in specs}
     elif any(spec.serves_mgmt and spec.tls is not None for spec in specs):
@@ -92,6 +100,8 @@ def listener_child_specs(
                 board.publish,
                 ctx.record_bound,
                 on_connection_closed,
+                extras,
+                handshake_timeout_s=ctx.config[LISTENER_HANDSHAKE_TIMEOUT_MS] / 1000,
             ),
             restart="permanent",
             shutdown=LISTENER_SHUTDOWN_S,

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from gateway.config.converters import LiteralTrue
+from gateway.config.converters import IntRange, LiteralTrue
 from gateway.config.listener_overrides import apply_port_overrides, require_agent_listener
 from gateway.config.listener_spec import ListenerSpec, parse_listeners
-from gateway.config.schema import Key, Refuse
+from gateway.config.schema import Key, NameOrigin, Refuse
 from gateway.config.section import Check
 from gateway.config.terms import Term
 
@@ -61,6 +61,19 @@ ALLOW_NO_LISTENERS: Key[bool] = Key(
     bad_doc="any value but `true` counts as unset",
 )
 
+LISTENER_HANDSHAKE_TIMEOUT_MS: Key[int] = Key(
+    name="listener_handshake_timeout_ms",
+    default=10000,
+    convert=IntRange(100, 60_000),
+    read_when="start of each gRPC listener",
+    doc="How long an accepted connection of a gRPC listener may take to start HTTP/2: its PROXY"
+    " header (at most 1 s of it), its TLS handshake and the client's HTTP/2 preface and first"
+    " SETTINGS. Past it the connection is closed and counted in"
+    " yuzu_gw_listener_handshake_failed_total (docs/listeners.md 'Hostile input').",
+    area=AREA,
+    origin=NameOrigin.OURS,
+)
+
 
 def listener_port_overrides(config: Config, env: Mapping[str, str]) -> Config:
     """YUZU_GW_AGENT_PORT / YUZU_GW_MGMT_PORT rewrite a listen port inside the list."""
@@ -76,7 +89,7 @@ def listeners_route_agents(config: Config, env: Mapping[str, str]) -> Config:
     return config
 
 
-KEYS: tuple[Key[Any], ...] = (GRPC_LISTENERS, ALLOW_NO_LISTENERS)
+KEYS: tuple[Key[Any], ...] = (GRPC_LISTENERS, ALLOW_NO_LISTENERS, LISTENER_HANDSHAKE_TIMEOUT_MS)
 
 # Order matters: the override may move a port, and the refusal reads the final list.
 CHECKS: tuple[Check, ...] = (listener_port_overrides, listeners_route_agents)
