@@ -129,6 +129,8 @@ RENAMED: Final[Mapping[str, tuple[str, str]]] = {
 }
 # Families the manual names whose behaviour does not exist yet: (ref, what brings it).
 NOT_YET_EXPORTED: Final[Mapping[str, tuple[str, str]]] = {}
+# Families whose label values name the running build (they differ between machines).
+BUILD_LABELS: Final[frozenset[str]] = frozenset({"yuzu_gw_build_info"})
 # Named by the manual as planned and superseded; never to be exported.
 SUPERSEDED: Final[Mapping[str, str]] = {
     "yuzu_gw_cluster_nodes": "superseded by yuzu_gw_cluster_peers_connected (size = it + 1)",
@@ -239,6 +241,8 @@ def _at_start(family: Family) -> str:
         return "none"
     if not family.labels:
         return "yes"
+    if family.name in BUILD_LABELS:
+        return f"{family.series_at_start}: the running build's"
     values = "; ".join(f"`{label}`: {', '.join(v)}" for label, v in family.values_at_start)
     return f"{family.series_at_start}: {values}"
 
