@@ -44,15 +44,22 @@ UNKNOWN_SESSION = "unknown session"
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, extra: str = "") -> AsyncIterator[tuple[Node, FakeUpstream]]:
-    """A node whose default_channel dials a fresh fake server; waits for the connection."""
+async def gateway(
+    tmp_path: Path, extra: str = "", replace: tuple[str, str] = ("", "")
+) -> AsyncIterator[tuple[Node, FakeUpstream]]:
+    """A node whose default_channel dials a fresh fake server; waits for the connection.
+    `replace` swaps one term of the test config for another."""
     async with FakeUpstream() as fake:
         config = tmp_path / "agent_plane.config"
         upstream = (
             "{upstream_client, #{channels => [{default_channel,"
             f' [{{http, "127.0.0.1", {fake.port}, []}}], #{{}}}}]}}}}{extra}'
         )
-        config.write_text(TEST_CONFIG.read_text().replace("{allow_no_upstream, true}", upstream))
+        text = TEST_CONFIG.read_text().replace("{allow_no_upstream, true}", upstream)
+        if replace[0]:
+            assert replace[0] in text, replace[0]
+            text = text.replace(*replace)
+        config.write_text(text)
         async with running_node(tmp_path, YUZU_GW_CONFIG=str(config)) as node:
             await until(lambda: _live(node), "the upstream connection")
             yield node, fake
