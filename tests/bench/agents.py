@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,10 @@ VM_ARGS = REPO_ROOT / "sys_config" / "vm.args"
 
 _LISTENING = re.compile(rb"listening on ([\d.]+):(\d+)")
 _NOTIFY_LINE = b"NotifyStreamStatus from"
+
+
+def default_loadgens(agents: int) -> int:
+    return max(2, math.ceil(agents / AGENTS_PER_LOADGEN))
 
 
 def progress(message: str, quiet: bool) -> None:
@@ -250,6 +254,9 @@ class Server:
     pid: int
     agent_port: int
     metrics_port: int | None = None
+    # A gateway's, to start it again on the same ports (`tests.bench.storm`'s restart).
+    health_port: int | None = None
+    config: Path | None = None
 
 
 @contextlib.asynccontextmanager
@@ -257,7 +264,7 @@ async def gateway_node(workdir: Path, agents: int, fake_port: int) -> AsyncItera
     config = workdir / "bench.config"
     ports = gateway_config(config, agents, fake_port)
     async with running_gateway(workdir, config, ports["health"]) as process:
-        yield Server(process.pid, ports["agent"], ports["metrics"])
+        yield Server(process.pid, ports["agent"], ports["metrics"], ports["health"], config)
 
 
 @contextlib.asynccontextmanager
@@ -265,9 +272,10 @@ async def running_gateway(
     workdir: Path, config: Path, health_port: int
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`python -m gateway` booted from `config` with a fresh cookie and run directory under
-    `workdir`, its log in `workdir/gateway.log`; yields once /readyz answers 200, stops it."""
+    `workdir`, its log in `workdir/gateway.log`; yields once /readyz answers 200, stops it. A
+    second boot in the same `workdir` is a restart: the run directory is the first one's."""
     run_dir = workdir / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(exist_ok=True)
     env = dict(os.environ)
     env.update(
         YUZU_GW_CONFIG=str(config),
@@ -396,17 +404,35 @@ class LoadGenerators:
         self.send_late_max_s = late_ms / 1000.0
         return ok, failed
 
-    async def joined(self, timeout: float) -> tuple[int, int, int]:
-        """(subscribed, given up, retries) over every generator once its wave has ended."""
-        ok = failed = retries = 0
+    def rejoin(self) -> None:
+        """Every agent joins again once its stream ends; read the outcome with `joined`."""
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(b"rejoin\n")
+
+    async def joined(self, timeout: float) -> Joined:
+        """The outcome over every generator once its wave has ended."""
+        outcome = Joined()
         for line in await self._read_all(timeout):
             parts = line.split()
-            if len(parts) != 5 or parts[0] != "subscribed":
+            if len(parts) != 6 or parts[0] != "subscribed":
                 raise RuntimeError(f"a load generator failed: {line!r}")
-            ok += int(parts[1])
-            failed += int(parts[2])
-            retries += int(parts[4])
-        return ok, failed, retries
+            outcome.subscribed += int(parts[1])
+            outcome.failed += int(parts[2])
+            outcome.retries += int(parts[4])
+            outcome.connect_timeouts += int(parts[5])
+        return outcome
+
+
+@dataclass
+class Joined:
+    """A wave's outcome at the load generators: agents subscribed and given up, retries after a
+    failed attempt, and attempts that failed because the connection was not set up in time."""
+
+    subscribed: int = 0
+    failed: int = 0
+    retries: int = 0
+    connect_timeouts: int = 0
 
 
 async def _wait_or_kill(process: asyncio.subprocess.Process) -> None:
@@ -434,6 +460,7 @@ class Wave:
     announced_at_last_join: int
     cpu_s: float
     rss_growth_bytes: int
+    connect_timeouts: int = 0
     dropped: float | None = None
     lost: float | None = None
     agents_current: float | None = None
@@ -446,6 +473,9 @@ class Wave:
     max_busy_stall_s: float | None = None
     max_gc_pause_s: list[float | None] = field(default_factory=list)
     full_gcs_in_window: float | None = None
+    # The longest stall from the wave's start to its end (all announced), at most: the lower of
+    # the histogram window's bucket bound and the since-start maximum.
+    max_stall_in_wave_s: float | None = None
 
     @property
     def cpu_ms_per_agent(self) -> float:
@@ -492,9 +522,19 @@ def window_max_stall(window: dict[float, float]) -> float | None:
     return min(le for le, count in window.items() if count >= total)
 
 
-async def _metrics(metrics_port: int) -> str:
+async def scrape(metrics_port: int) -> str:
     _, body = await http_get(metrics_port, "/metrics")
     return body.decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a wave holds once every agent has joined, for a caller's `held` step."""
+
+    server: Server
+    fake: Fake
+    generators: LoadGenerators
+    workdir: Path
 
 
 async def wave(
@@ -506,7 +546,9 @@ async def wave(
     workdir: Path,
     quiet: bool,
     heartbeating: Heartbeating | None = None,
+    held: Callable[[Held], Awaitable[None]] | None = None,
 ) -> Wave:
+    """One server's cold wave; `held`: a last step run while the agents are still held."""
     timeout = START_TIMEOUT_S + agents / 20.0
     async with contextlib.AsyncExitStack() as stack:
         fake = await stack.enter_async_context(fake_server(latency_ms))
@@ -521,9 +563,13 @@ async def wave(
         progress(f"{kind}: {agents} agents from {loadgens} load generators", quiet)
         cpu_before = process_cpu_s(server.pid)
         rss_before = process_rss_bytes(server.pid)
+        stalls_before = None
+        if server.metrics_port is not None:
+            stalls_before = stall_buckets(await scrape(server.metrics_port))
         started = time.perf_counter()
         generators.go()
-        subscribed, failed, retries = await generators.joined(timeout)
+        outcome = await generators.joined(timeout)
+        subscribed, failed, retries = outcome.subscribed, outcome.failed, outcome.retries
         joined_s = time.perf_counter() - started
         announced_at_join = fake.notified
         seconds: float | None = None
@@ -550,10 +596,15 @@ async def wave(
             announced_at_last_join=announced_at_join,
             cpu_s=process_cpu_s(server.pid) - cpu_before,
             rss_growth_bytes=process_rss_bytes(server.pid) - rss_before,
+            connect_timeouts=outcome.connect_timeouts,
         )
-        if server.metrics_port is not None:
-            _, body = await http_get(server.metrics_port, "/metrics")
-            text = body.decode(errors="replace")
+        if server.metrics_port is not None and stalls_before is not None:
+            text = await scrape(server.metrics_port)
+            in_wave = window_max_stall(
+                {le: n - stalls_before.get(le, 0.0) for le, n in stall_buckets(text).items()}
+            )
+            bounds = [b for b in (in_wave, metric_sum(text, MAX_STALL_METRIC)) if b is not None]
+            result.max_stall_in_wave_s = min(bounds)
             result.dropped = metric_sum(text, "yuzu_gw_upstream_notify_dropped_total")
             result.lost = metric_sum(text, "yuzu_gw_upstream_notify_lost_total")
             result.agents_current = metric_sum(text, "yuzu_gw_agents_current")
@@ -575,7 +626,7 @@ async def wave(
                     stall_buckets(text, GC_PAUSE_BUCKET_METRIC, f'generation="{g}",')
                     for g in GC_GENERATIONS
                 ]
-                text = await _metrics(server.metrics_port)
+                text = await scrape(server.metrics_port)
                 result.max_gc_pause_s = [
                     window_max_stall(
                         {
@@ -607,6 +658,8 @@ async def wave(
             f" in {seconds if seconds is None else round(seconds, 3)} s",
             quiet,
         )
+        if held is not None:
+            await held(Held(server, fake, generators, workdir))
         return result
 
 
@@ -836,7 +889,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.agents <= 0:
         parser.error("--agents must be positive")
-    loadgens = args.loadgens or max(2, math.ceil(args.agents / AGENTS_PER_LOADGEN))
+    loadgens = args.loadgens or default_loadgens(args.agents)
     heartbeating = Heartbeating(args.heartbeat_window_s, args.heartbeat_interval_s)
     result = asyncio.run(
         run(args.agents, loadgens, args.latency_ms, args.quiet, heartbeating, keep=args.keep_logs)

@@ -11,8 +11,12 @@ line per message, so the benchmark can start every generator's wave at the same 
   after the refusal's `grpc-retry-pushback-ms` when it carries one (exactly that long), else
   after the real agent's reconnect backoff (2, 4, 8 ... s, no jitter: the seed's "What a new
   agent connection sees while shedding"), at most `RECONNECT_BACKOFF_S` times; prints
-  `subscribed OK FAILED SECONDS RETRIES` when every agent has its Subscribe response headers
-  or has given up, RETRIES the attempts after the first of every agent. The streams stay open;
+  `subscribed OK FAILED SECONDS RETRIES TIMEOUTS` when every agent has its Subscribe response
+  headers or has given up, RETRIES the attempts after the first of every agent, TIMEOUTS the
+  attempts that failed because the connection was not set up in time (`connect_timeout`). The
+  streams stay open;
+- on `rejoin`: every agent waits for its stream to end (the node went away), then joins again as
+  on `go` (the reconnect storm of `tests.bench.storm`); prints the same `subscribed` line;
 - on `heartbeat WINDOW INTERVAL` (seconds): every subscribed agent sends one Heartbeat every
   INTERVAL on its own channel (the gateway admits a heartbeat only on the connection that opened
   the session), the agents' first heartbeats spread evenly over the first INTERVAL, until WINDOW
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import sys
 import time
@@ -46,6 +51,16 @@ RECONNECT_BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0)
 # most (the hints follow the node's drain rate), so this bounds only a broken gateway.
 MAX_HINTED_RETRIES = 50
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# How grpcio words a connection it could not set up in time: the TCP connect, or the HTTP/2
+# handshake ("timed out before receiving SETTINGS"), behind a node too busy to accept.
+_CONNECT_TIMEOUT_WORDS = ("timed out", "Timeout occurred")
+
+
+def connect_timeout(code: grpc.StatusCode, details: str | None) -> bool:
+    """Whether a failed call failed because its connection was not set up in time."""
+    return code == grpc.StatusCode.UNAVAILABLE and any(
+        words in (details or "") for words in _CONNECT_TIMEOUT_WORDS
+    )
 
 
 def pushback_s(metadata: Any) -> float | None:
@@ -97,6 +112,7 @@ class Agent:
         self.subscribed = False
         self.retries = 0
         self.hinted = 0  # retries after a refusal's hint
+        self.connect_timeouts = 0
         # The last failed attempt's `grpc-retry-pushback-ms`, in seconds; None without one.
         self.hint_s: float | None = None
         self._heartbeat: grpc.aio.UnaryUnaryMultiCallable | None = None
@@ -138,6 +154,7 @@ class Agent:
             reply = await register(self.request, timeout=DEADLINE_S, wait_for_ready=wait_for_ready)
         except grpc.aio.AioRpcError as exc:
             _first_failure(f"register failed: {exc.code().name} {exc.details()}")
+            self.connect_timeouts += connect_timeout(exc.code(), exc.details())
             self.hint_s = pushback_s(exc.trailing_metadata())
             return False
         if not reply.accepted or not reply.session_id:
@@ -159,6 +176,16 @@ class Agent:
             return False
         self.subscribed = True
         return True
+
+    async def rejoin(self) -> bool:
+        """Join again once the held stream has ended (its node went away)."""
+        if self.stream is not None:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                await self.stream.code()
+        self.stream = None
+        self.subscribed = False
+        self.retries = self.hinted = self.connect_timeouts = 0
+        return await self.join()
 
     async def heartbeat(self) -> str | None:
         """One Heartbeat on the agent's own channel: None when acknowledged, else what failed."""
@@ -233,13 +260,18 @@ async def _main(args: argparse.Namespace) -> None:
     print("ready", flush=True)
     try:
         while line := (await reader.readline()).decode().strip():
-            if line == "go":
+            if line in ("go", "rejoin"):
                 started = time.perf_counter()
-                joined = await asyncio.gather(*(agent.join() for agent in agents))
+                joins = (agent.join() if line == "go" else agent.rejoin() for agent in agents)
+                joined = await asyncio.gather(*joins)
                 elapsed = time.perf_counter() - started
                 ok = sum(joined)
                 retries = sum(agent.retries for agent in agents)
-                print(f"subscribed {ok} {len(agents) - ok} {elapsed:.3f} {retries}", flush=True)
+                timeouts = sum(agent.connect_timeouts for agent in agents)
+                print(
+                    f"subscribed {ok} {len(agents) - ok} {elapsed:.3f} {retries} {timeouts}",
+                    flush=True,
+                )
             elif line.startswith("heartbeat "):
                 _, window, interval = line.split()
                 print(await _heartbeats(agents, float(window), float(interval)), flush=True)

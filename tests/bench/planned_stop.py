@@ -107,7 +107,7 @@ async def measure(workdir: Path, agents: int, budget_ms: int) -> StopResult:
             generators = math.ceil(agents / AGENTS_PER_LOADGEN)
             async with LoadGenerators.started(workdir, agent_port, agents, generators) as load:
                 load.go()
-                result.subscribed, _, _ = await load.joined(JOIN_TIMEOUT_S)
+                result.subscribed = (await load.joined(JOIN_TIMEOUT_S)).subscribed
                 await fake.wait_for_calls(
                     NOTIFY,
                     result.subscribed,

@@ -156,6 +156,50 @@ BENCHES: tuple[Bench, ...] = (
         quick=("--agents", "100", "--heartbeat-window-s", "2", "--heartbeat-interval-s", "2"),
     ),
     Bench(
+        "storm",
+        "10,000-agent cold wave, admission, SIGKILL reconnect storm",
+        (
+            Figure(
+                "connects that timed out",
+                "connect_timeouts",
+                target="0",
+                met="connect_timeouts",
+                digits=0,
+            ),
+            Figure(
+                "seconds until all subscribed and announced",
+                "all_joined_s",
+                spec="seed 003: 5,000 of 5,000 back within 39 s",
+                target="< 60 s",
+                met="all_joined_s",
+                unit=" s",
+            ),
+            Figure(
+                "all joined / node CPU",
+                "cpu_bound_ratio",
+                target="<= 1.2",
+                met="cpu_bound_ratio",
+            ),
+            Figure("notifications dropped", "dropped", target="0", met="dropped", digits=0),
+            Figure(
+                "longest loop stall of the wave",
+                "max_stall_ms",
+                target="< heartbeat deadline",
+                met="max_stall_ms",
+                unit=" ms",
+                digits=0,
+            ),
+            Figure(
+                "SIGKILL to all back",
+                "reconnect_storm_s",
+                target="all N",
+                met="reconnect_all_back",
+                unit=" s",
+            ),
+        ),
+        quick=("--agents", "200"),
+    ),
+    Bench(
         "heartbeats",
         "heartbeat ingest",
         (

@@ -223,7 +223,7 @@ async def _paced_heartbeats(
         workdir, rel.agent_port, load.agents, load.loadgens
     ) as generators:
         generators.go()
-        ready, _, _ = await generators.joined(START_TIMEOUT_S + load.agents / 20.0)
+        ready = (await generators.joined(START_TIMEOUT_S + load.agents / 20.0)).subscribed
         progress(
             f"{result.title}: {ready} agents, one heartbeat each every"
             f" {load.heartbeat_interval_s:g} s for {load.window_s:g} s",
