@@ -303,7 +303,12 @@ class ConnectionSlot:
                         error = exc
                         continue
                     return sock
-                raise error or OSError("no address")
+                try:
+                    raise error or OSError("no address")
+                finally:
+                    # The error's traceback holds this frame: keeping it here too is a cycle
+                    # that lives until a full collection (supervisors/gc_policy.py).
+                    error = None
         except (OSError, TimeoutError) as exc:
             raise _DialFailedError(dial_error(exc)) from None
 
