@@ -73,6 +73,46 @@ class Ports:
     metrics: int
 
 
+def proc_env(
+    tmp_path: Path,
+    addr: str,
+    index: int,
+    ports: Ports,
+    *,
+    upstream: int,
+    seeds: Sequence[str],
+    cookie: str,
+) -> dict[str, str]:
+    """Node `index` on `addr`: its run directory and config written, its vm.args naming it, and
+    the environment it boots with (nothing of the test's own YUZU_GW_* leaks in)."""
+    run_dir = tmp_path / addr
+    run_dir.mkdir()
+    config = run_dir / "node.config"
+    config.write_text(
+        NodeConfig(
+            health=ports.health + index,
+            metrics=ports.metrics + index,
+            upstream=upstream,
+            agent=ports.agent,
+            mgmt=ports.mgmt,
+            host=addr,
+            seeds=seeds,
+            cluster=ports.cluster,
+            redial_ms=REDIAL_MS,
+        ).text()
+    )
+    vm_args = run_dir / "vm.args"
+    vm_args.write_text(NAMED.format(addr=addr))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
+    return dict(
+        base,
+        YUZU_GW_CONFIG=str(config),
+        YUZU_GW_VM_ARGS=str(vm_args),
+        YUZU_GW_COOKIE=cookie,
+        YUZU_GW_RUN_DIR=str(run_dir),
+    )
+
+
 @attrs.define
 class ProcNode:
     addr: str
@@ -150,7 +190,6 @@ async def two_clusters(
         health=multinode.free_ports(len(every)),
         metrics=multinode.free_ports(len(every)),
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
     nodes: list[ProcNode] = []
     async with FakeUpstream() as fake:
         try:
@@ -158,35 +197,12 @@ async def two_clusters(
                 cookie = secrets.token_hex(32)
                 for addr in members:
                     index = len(nodes)
-                    run_dir = tmp_path / addr
-                    run_dir.mkdir()
-                    config = run_dir / "node.config"
-                    config.write_text(
-                        NodeConfig(
-                            health=ports.health + index,
-                            metrics=ports.metrics + index,
-                            upstream=fake.port,
-                            agent=ports.agent,
-                            mgmt=ports.mgmt,
-                            host=addr,
-                            seeds=every,
-                            cluster=ports.cluster,
-                            redial_ms=REDIAL_MS,
-                        ).text()
-                    )
-                    vm_args = run_dir / "vm.args"
-                    env = dict(
-                        base,
-                        YUZU_GW_CONFIG=str(config),
-                        YUZU_GW_VM_ARGS=str(vm_args),
-                        YUZU_GW_COOKIE=cookie,
-                        YUZU_GW_RUN_DIR=str(run_dir),
+                    env = proc_env(
+                        tmp_path, addr, index, ports, upstream=fake.port, seeds=every, cookie=cookie
                     )
                     if members is ALPHA:
                         env.update(YUZU_GW_VM_ARGS=str(SHIPPED_VM_ARGS), **{ADVERTISE_VAR: addr})
-                    else:
-                        vm_args.write_text(NAMED.format(addr=addr))
-                    nodes.append(ProcNode(addr, index, run_dir, env, ports))
+                    nodes.append(ProcNode(addr, index, tmp_path / addr, env, ports))
             await asyncio.gather(*(node.start() for node in nodes))
             alpha, beta = nodes[: len(ALPHA)], nodes[len(ALPHA) :]
             for members in (alpha, beta):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import signal
 from collections.abc import AsyncIterator
@@ -33,22 +32,20 @@ from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.mgmt.command import NODE_UNREACHABLE
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration import test_multinode as multinode
-from tests.integration.test_cluster_processes import Ports, ProcNode
+from tests.integration.test_cluster_processes import Ports, ProcNode, proc_env
 from tests.integration.test_management_plane import collect, command, operator
-from tests.integration.test_multinode import Agent, NodeConfig
+from tests.integration.test_multinode import Agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(110)]
 
 S = agent_pb2.CommandResponse.Status
 ADDRS = ("127.0.0.7", "127.0.0.8", "127.0.0.9")
 AGENTS_PER_NODE = 2
-REDIAL_MS = 200
 FORM_S = 30.0
 STOP_S = 30.0
 COMMAND_TIMEOUT_S = 10
 # A command the agents answer RUNNING only: it keeps a stopping router in its grace.
 HOLD = "hold-"
-NAMED = "-name yuzu_gw@{addr}\n-setcookie ${{YUZU_GW_COOKIE}}\n"
 
 
 class Responder:
@@ -111,38 +108,15 @@ async def three_nodes(tmp_path: Path) -> AsyncIterator[list[ProcNode]]:
         health=multinode.free_ports(len(ADDRS)),
         metrics=multinode.free_ports(len(ADDRS)),
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("YUZU_GW_")}
     cookie = secrets.token_hex(32)
     nodes: list[ProcNode] = []
     async with FakeUpstream() as fake:
         try:
             for index, addr in enumerate(ADDRS):
-                run_dir = tmp_path / addr
-                run_dir.mkdir()
-                config = run_dir / "node.config"
-                config.write_text(
-                    NodeConfig(
-                        health=ports.health + index,
-                        metrics=ports.metrics + index,
-                        upstream=fake.port,
-                        agent=ports.agent,
-                        mgmt=ports.mgmt,
-                        host=addr,
-                        seeds=ADDRS,
-                        cluster=ports.cluster,
-                        redial_ms=REDIAL_MS,
-                    ).text()
+                env = proc_env(
+                    tmp_path, addr, index, ports, upstream=fake.port, seeds=ADDRS, cookie=cookie
                 )
-                vm_args = run_dir / "vm.args"
-                vm_args.write_text(NAMED.format(addr=addr))
-                env = dict(
-                    base,
-                    YUZU_GW_CONFIG=str(config),
-                    YUZU_GW_VM_ARGS=str(vm_args),
-                    YUZU_GW_COOKIE=cookie,
-                    YUZU_GW_RUN_DIR=str(run_dir),
-                )
-                nodes.append(ProcNode(addr, index, run_dir, env, ports))
+                nodes.append(ProcNode(addr, index, tmp_path / addr, env, ports))
             await asyncio.gather(*(node.start() for node in nodes))
             await formed(nodes)
             yield nodes
