@@ -9,6 +9,15 @@ MAX_CODE_POINT = 0x10FFFF
 SURROGATES = range(0xD800, 0xE000)
 
 
+# Two noncharacters that Erlang's scanner (erl_scan's ?UNICODE) refuses beside the surrogates.
+SCANNER_NONCHARACTERS = (0xFFFE, 0xFFFF)
+
+
 def is_scalar_value(cp: int) -> bool:
     """A code point that UTF-8 can encode."""
     return 0 <= cp <= MAX_CODE_POINT and cp not in SURROGATES
+
+
+def is_scanner_char(cp: int) -> bool:
+    """A character `file:consult` reads, raw or escaped, anywhere in a file (comments too)."""
+    return is_scalar_value(cp) and cp not in SCANNER_NONCHARACTERS

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import attrs
 
-from gateway.config.codepoints import MAX_CODE_POINT
+from gateway.config.codepoints import MAX_CODE_POINT, is_scanner_char
 from gateway.config.errors import TermSyntaxError
 
 # Erlang's reserved words cannot be bare atoms (erl_scan); only `fun` has a meaning in a term
@@ -142,6 +142,7 @@ class _Scanner:
 def tokenize(text: str, file: str = "<string>") -> list[Token]:
     """Split `text` into tokens, ending with one EOF token. Raises TermSyntaxError."""
     sc = _Scanner(text, file)
+    _refuse_illegal_characters(sc)
     tokens: list[Token] = []
     while True:
         _skip_blank(sc)
@@ -151,6 +152,21 @@ def tokenize(text: str, file: str = "<string>") -> list[Token]:
             tokens.append(Token(Kind.EOF, "", line, column))
             return tokens
         tokens.append(_next_token(sc, ch, line, column))
+
+
+# What erl_scan refuses as it reads, comments included: surrogates (a text decoded with
+# `surrogateescape` can hold them) and the noncharacters U+FFFE and U+FFFF.
+_ILLEGAL_CHARACTER = re.compile("[\ud800-\udfff\ufffe\uffff]")
+
+
+def _refuse_illegal_characters(sc: _Scanner) -> None:
+    found = _ILLEGAL_CHARACTER.search(sc.text)
+    if found is None:
+        return
+    at = found.start()
+    line = sc.text.count("\n", 0, at) + 1
+    column = at - (sc.text.rfind("\n", 0, at) + 1) + 1
+    sc.error(f"illegal character U+{ord(found.group()):04X}", line, column)
 
 
 def _skip_blank(sc: _Scanner) -> None:
@@ -290,6 +306,8 @@ def _char_in_literal(sc: _Scanner) -> int:
         value = int(hex_digits, 16)
         if value > MAX_CODE_POINT:
             sc.error("escape above the last Unicode code point 16#10FFFF", line, column)
+        if not is_scanner_char(value):
+            sc.error(f"escape of U+{value:04X}, which Erlang's scanner refuses", line, column)
         return value
     if esc == "^":
         sc.advance()

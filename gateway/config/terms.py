@@ -41,7 +41,7 @@ from typing import TypeAlias
 
 import attrs
 
-from gateway.config.codepoints import is_scalar_value
+from gateway.config.codepoints import is_scalar_value, is_scanner_char
 from gateway.config.errors import TermSyntaxError
 from gateway.config.lexer import MAX_ATOM_CHARS, RESERVED_WORDS, Kind, Token, tokenize
 
@@ -369,6 +369,9 @@ def format_term(term: Term) -> str:
         case float():
             return _format_float(term)
         case str():
+            refused = next((ch for ch in term if not is_scanner_char(ord(ch))), None)
+            if refused is not None:
+                raise ValueError(f"a string holding U+{ord(refused):04X} cannot be written")
             return '"' + _escape(term, '"') + '"'
         case bytes():
             body = "".join(
