@@ -389,3 +389,8 @@ class Served:
             finally:
                 if timer is not None:
                     timer.cancel()
+                # The error a reset or the deadline cancelled the handler with stays on the
+                # wrapper, and its traceback holds this frame, whose `wrapper` holds it: a cycle
+                # keeping the handler's frames (the Register, its enrolment token) until a full
+                # collection. Everything that reads it (`__exit__`, the checks above) has run.
+                wrapper._error = None

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.console.client import one_shot
+from gateway.console.client import Unreachable, one_shot
 from gateway.devstack.fake_upstream import FakeUpstream
 from tests.support.node import ROOT, TEST_CONFIG, http_get, node_env
 
@@ -160,7 +160,7 @@ class Stack:
             while True:
                 if self.node.returncode is not None:
                     raise RuntimeError(f"the node ended during boot:\n{self.log_text()}")
-                with contextlib.suppress(OSError, RuntimeError, KeyError):
+                with contextlib.suppress(OSError, RuntimeError, KeyError, Unreachable):
                     if self.console.exists():
                         self.bound = await self.eval_json("node.bound")
                         break
