@@ -9,7 +9,9 @@ A permanent child of `gateway_sup`, after the router. It
 2. runs the membership rounds of gateway/cluster/membership.py every
    `cluster_redial_interval_ms`: resolves the seeds, dials and challenges new peers, probes the
    links that are up, and publishes the links that are up in the public table `cluster_links`
-   (actors/cluster/api.py), which the router and the management plane read;
+   (actors/cluster/api.py), which the router and the management plane read; a host (a seed
+   entry without a port, an A record) is dialled on the cluster ports its nodes advertise in
+   their challenge answers (gateway/cluster/hosts.py), each newly learned one at once;
 3. keeps the agent directory (actors/core/agent_directory.py, replicated by
    gateway/cluster/directory.py): follows each linked peer's `Directory` call (its full sync,
    then its joins and leaves), purges a peer's entries when its link goes down, and while any
@@ -35,7 +37,7 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -63,11 +65,12 @@ from gateway.cluster.directory import (
     DirectoryRecords,
     follow,
 )
+from gateway.cluster.hosts import HostAdvert, HostPlan, Target, port_list
 from gateway.cluster.membership import Dial, DialOutcome, Effect, Membership, Probe, Resolve
 from gateway.cluster.merge import Answer, Fail, MergeEffect, RemoteMerge, Send
 from gateway.cluster.metrics import cluster_metrics
 from gateway.cluster.transport import ClusterServer, ClusterService, PeerLink
-from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, PeerAddr, expand_seed, host_ports
+from gateway.config.cluster_seeds import DEFAULT_CLUSTER_PORT, PeerAddr, host_ports, seed_target
 from gateway.config.cluster_tls import link_contexts
 from gateway.config.keys.cluster import (
     CLUSTER_MAX_LIFETIME_ADDRS,
@@ -148,9 +151,10 @@ class Cluster(Process):
             else (DEFAULT_CLUSTER_PORT,)
         )
         self.host_ports = ports
-        self.seeds = tuple(
-            addr for entry in config[CLUSTER_SEED_NODES] for addr in expand_seed(entry, ports)
-        )
+        self.plan = HostPlan(ports)
+        self.seeds = tuple(seed_target(entry, ports[0]) for entry in config[CLUSTER_SEED_NODES])
+        # The last round's discovery: what `plan` turns into addresses, again when it learns.
+        self.targets: tuple[Target, ...] = ()
         # The other nodes of this host are peers whatever the discovery finds: the release
         # started them, and the shared management port can hand an operator to any of them.
         self.siblings = tuple(PeerAddr(self.host, p) for p in ports if self.port and p != self.port)
@@ -178,10 +182,11 @@ class Cluster(Process):
                 " only, commands and agent ids cross hosts in clear"
             )
         self.client_tls = tls.client if tls is not None else None
-        self.server = ClusterServer(
-            ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc),
-            tls.server if tls is not None else None,
-        )
+        self.service = ClusterService(self.cookie, self.node_id, plane, self.metrics.refused.inc)
+        # Set before the listener opens, so no dialler reads an answer without it (port 0,
+        # tests: once bound).
+        self.service.advert = HostAdvert(ports[0], len(ports)) if self.port else None
+        self.server = ClusterServer(self.service, tls.server if tls is not None else None)
         self.serving = False
         self.binding = False
         # A wave's sequence number -> its command and the wave (its route in the merge).
@@ -263,6 +268,8 @@ class Cluster(Process):
             "directory_local_agents": self.directory.local_count(),
             "directory_remote_agents": self.directory.remote_count(),
             "directory_readers": self.feed.readers,
+            "hosts_advertised": self.plan.status(),
+            "undialled_nodes": {h: port_list(p) for h, p in self.plan.current_gaps().items()},
         }
 
     # -- the transport -------------------------------------------------------------------------
@@ -287,7 +294,7 @@ class Cluster(Process):
         self._directory_gauges()
         self.wakeupAfter(self.interval_s, _ROUND)
 
-    def _perform(self, effects: list[Effect]) -> None:
+    def _perform(self, effects: Sequence[Effect]) -> None:
         for effect in effects:
             match effect:
                 case Resolve():
@@ -311,12 +318,11 @@ class Cluster(Process):
     def _dial_timeout(self) -> float:
         return min(DIAL_TIMEOUT_S, self.interval_s)
 
-    async def _resolve(self) -> list[PeerAddr]:
-        found = list(self.seeds) if self.seeds else await self._dns_peers()
-        return list(dict.fromkeys((*self.siblings, *found)))
+    async def _resolve(self) -> list[Target]:
+        return list(self.seeds) if self.seeds else await self._dns_hosts()
 
-    async def _dns_peers(self) -> list[PeerAddr]:
-        """The seed name's A records, each a host running nodes on this host's ports."""
+    async def _dns_hosts(self) -> list[Target]:
+        """The seed name's A records, each a host."""
         try:
             async with asyncio.timeout(self.interval_s):
                 infos = await self.loop.getaddrinfo(
@@ -324,8 +330,37 @@ class Cluster(Process):
                 )
         except (OSError, TimeoutError, UnicodeError):
             return []
-        hosts = dict.fromkeys(str(info[4][0]) for info in infos)
-        return [PeerAddr(host, port) for host in hosts for port in self.host_ports]
+        return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    def _addresses(self) -> list[PeerAddr]:
+        """The addresses the round's targets name now, this host's other nodes first; the gaps
+        a seed list leaves in the hosts it names are said once each (and counted)."""
+        addrs = list(dict.fromkeys((*self.siblings, *self.plan.addresses(self.targets))))
+        me = PeerAddr(self.host, self.server.bound_port(self.port))
+        for host, missing in self.plan.report([*addrs, me]).items():
+            log.warning(
+                "Cluster host %s advertises nodes on cluster ports %s; this node does not dial"
+                " %s (its seed list names that host's nodes as host:port and leaves these out)",
+                host,
+                port_list(self.plan.advertised(host)),
+                port_list(missing),
+            )
+        self.metrics.undialled.set(sum(map(len, self.plan.current_gaps().values())))
+        return addrs
+
+    def _learn(self, link: PeerLink) -> None:
+        """What the peer just linked said of its host; its newly learned ports dialled now."""
+        addr, advert = link.addr, link.peer_host
+        if advert is None:
+            if self.plan.unadvertised(addr.host):
+                log.warning(
+                    "Cluster peer %s does not advertise its host's nodes (an older gateway);"
+                    " its host is dialled on this host's cluster ports %s",
+                    addr,
+                    port_list(self.host_ports),
+                )
+        elif self.plan.learn(addr, advert):
+            self._perform(self.membership.retarget(self._addresses()))
 
     def _worker_done(self, tag: Any, done: WorkerDone) -> None:
         error = done.error
@@ -335,6 +370,9 @@ class Cluster(Process):
                 if error is None:
                     self.serving = True
                     self.ctx.record_bound("cluster", (self.host, int(done.result)))
+                    if not self.port:
+                        # A free port (tests): the host of this one node.
+                        self.service.advert = HostAdvert(int(done.result), 1)
                     log.info("Cluster transport listening on %s:%s", self.host, done.result)
                 else:
                     self._warn(
@@ -346,8 +384,8 @@ class Cluster(Process):
                         type(error).__name__,
                     )
             case "cluster_resolve":
-                addrs = cast(list[PeerAddr], done.result or [])
-                self._perform(self.membership.resolved(addrs))
+                self.targets = tuple(cast(list[Target], done.result or []))
+                self._perform(self.membership.resolved(self._addresses()))
                 self.metrics.resolved.set(self.membership.peers_resolved)
             case ("dial", addr):
                 link = self.pending.pop(addr)
@@ -364,6 +402,7 @@ class Cluster(Process):
                 if self.membership.dialed(addr, outcome):
                     self.links.insert(addr, link)
                     log.info("Cluster peer %s connected", addr)
+                    self._learn(link)
                     # The full sync of its agents, then their joins and leaves.
                     self.run_worker(follow(link, self._tell), ("directory", addr))
                 else:

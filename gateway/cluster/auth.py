@@ -3,9 +3,13 @@
 A link starts with a challenge: the dialling node sends a fresh nonce `cn`; the dialled node
 answers its own fresh nonce `sn`, its node id and `HMAC(cookie, "server"|cn|sn|node)`. The
 dialler checks that proof (so it knows the dialled node has the cookie, for this link only:
-`cn` is new), then signs every call on the link with `HMAC(cookie, "call"|sn|seq|method)`
-and a sequence number; the dialled node accepts a `(sn, seq)` once (`ReplayWindow`), so a
-captured call cannot be played again. The cookie itself never crosses the wire.
+`cn` is new). The answer also carries the cluster ports of the dialled node's host, `first+count`
+(gateway/cluster/hosts.py), under a proof of their own, `HMAC(cookie, "host"|cn|sn|node|ports)`:
+a dialler from before adverts checks the server proof alone, as it always did, and ignores them;
+a dialler that reads them refuses the link when that proof is wrong. The dialler then signs
+every call on the link with `HMAC(cookie, "call"|sn|seq|method)` and a sequence number; the
+dialled node accepts a `(sn, seq)` once (`ReplayWindow`), so a captured call cannot be played
+again. The cookie itself never crosses the wire.
 
 A link's command stream (gateway/cluster/commands.py) is opened by one such signed call; each
 of its frames is then sealed on its own: `HMAC(key, direction|kind|seq|id|body)` under a key
@@ -35,6 +39,7 @@ __all__ = [
     "Sealer",
     "ServerNonces",
     "call_proof",
+    "host_proof",
     "new_nonce",
     "parse_call_auth",
     "server_proof",
@@ -71,6 +76,11 @@ def _mac(cookie: str, *parts: str) -> str:
 
 def server_proof(cookie: str, client_nonce: str, server_nonce: str, node_id: str) -> str:
     return _mac(cookie, "server", client_nonce, server_nonce, node_id)
+
+
+def host_proof(cookie: str, client_nonce: str, server_nonce: str, node_id: str, ports: str) -> str:
+    """The proof of the host's ports (`HostAdvert.encode`) a challenge answer carries."""
+    return _mac(cookie, "host", client_nonce, server_nonce, node_id, ports)
 
 
 def call_proof(cookie: str, server_nonce: str, seq: int, method: str) -> str:

@@ -16,6 +16,9 @@ Rules (seed: "Gateway Clustering"):
   marks the address as self, never dialled again and not counted as a peer.
 - A link that is up stays up when its address stops resolving: only a failed probe ends it
   (a DNS hiccup must not cut the commands in flight).
+- Mid-round, the addresses may change (`retarget`: a host told its cluster ports,
+  gateway/cluster/hosts.py): the new ones are dialled at once, not a round later; nothing is
+  probed twice in a round.
 """
 
 from __future__ import annotations
@@ -86,6 +89,14 @@ class Membership:
 
     def resolved(self, addrs: Iterable[PeerAddr]) -> list[Effect]:
         """The addresses the round read (empty when resolution failed)."""
+        effects: list[Effect] = [*self.retarget(addrs)]
+        for addr in sorted(self._connected - self._probing):
+            self._probing.add(addr)
+            effects.append(Probe(addr))
+        return effects
+
+    def retarget(self, addrs: Iterable[PeerAddr]) -> list[Dial]:
+        """The addresses to dial now instead of the round's: the new ones are dialled."""
         taken: set[PeerAddr] = set()
         for addr in sorted(set(addrs)):
             if addr in self._selves:
@@ -97,14 +108,11 @@ class Membership:
                 self._lifetime.add(addr)
             taken.add(addr)
         self._resolved = frozenset(taken)
-        effects: list[Effect] = []
+        dials = []
         for addr in sorted(taken - self._connected - self._dialing):
             self._dialing.add(addr)
-            effects.append(Dial(addr))
-        for addr in sorted(self._connected - self._probing):
-            self._probing.add(addr)
-            effects.append(Probe(addr))
-        return effects
+            dials.append(Dial(addr))
+        return dials
 
     def dialed(self, addr: PeerAddr, outcome: DialOutcome) -> bool:
         """A dial ended; True when the link is now up."""

@@ -1,6 +1,6 @@
 """The cluster's metrics (seed: "Gateway Clustering"; docs/cluster.md, "Metrics"): membership,
-refusals, the agent directory and the forwarded commands. All exist at 0 from the start, so a
-node serving alone shows 0, not nothing."""
+refusals, the agent directory, the forwarded commands and the nodes left undialled. All exist
+at 0 from the start, so a node serving alone shows 0, not nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class ClusterMetrics:
     unreachable_peers: Gauge
     forwards: Counter
     forwarded_targets: Counter
+    undialled: Gauge
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, ClusterMetrics] = (
@@ -65,6 +66,12 @@ def cluster_metrics(registry: CollectorRegistry) -> ClusterMetrics:
             Counter(
                 "yuzu_gw_cluster_forwarded_targets",
                 "Targets named in forwarded-command frames (each sent to its holder only).",
+                registry=registry,
+            ),
+            Gauge(
+                "yuzu_gw_cluster_undialled_nodes",
+                "Nodes their hosts advertise that this node does not dial (a seed list that"
+                " names some nodes of a host as host:port and leaves others out).",
                 registry=registry,
             ),
         )

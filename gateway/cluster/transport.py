@@ -8,7 +8,7 @@ a local operator's would be:
 
 | method | request -> response | what it does on the dialled node |
 | --- | --- | --- |
-| Challenge | Empty -> Empty | nonces and the dialled node's proof, in metadata |
+| Challenge | Empty -> Empty | nonces, the dialled node's proof, its host's ports (2), in metadata |
 | Ping | Empty -> Empty | nothing (the membership probe) |
 | Commands | stream Frame -> stream Frame | the link's command stream (1) |
 | ListAgents, GetAgent | as the management plane | its own agents |
@@ -18,6 +18,8 @@ a local operator's would be:
 
 (1) Every forwarded SendCommand and its answers, as sealed frames (gateway/cluster/commands.py),
 routed to its own agents.
+(2) `HostAdvert` (gateway/cluster/hosts.py), proven apart (`host_proof`, gateway/cluster/auth.py),
+so a dialler from before adverts reads the answer as it always did.
 
 `PeerLink` is the dialling side: one grpclib channel (one HTTP/2 connection) per peer, and on
 it the link's one command stream.
@@ -50,6 +52,7 @@ from gateway.cluster.auth import (
     UNAUTHENTICATED_DETAILS,
     ServerNonces,
     call_proof,
+    host_proof,
     new_nonce,
     parse_call_auth,
     server_proof,
@@ -58,6 +61,7 @@ from gateway.cluster.auth import (
 )
 from gateway.cluster.commands import COMMANDS_METHOD, CommandLink, Frame, serve_commands
 from gateway.cluster.directory import DIRECTORY_METHOD, serve_directory
+from gateway.cluster.hosts import HostAdvert
 from gateway.config.certs import read_peer
 from gateway.config.cluster_seeds import PeerAddr
 from gateway.listeners.h2_closed_streams import bound_closed_streams
@@ -77,6 +81,8 @@ NONCE_KEY = "x-yuzu-cluster-nonce"
 PROOF_KEY = "x-yuzu-cluster-proof"
 NODE_KEY = "x-yuzu-cluster-node"
 AUTH_KEY = "x-yuzu-cluster-auth"
+HOST_KEY = "x-yuzu-cluster-host"
+HOST_PROOF_KEY = "x-yuzu-cluster-host-proof"
 _NONCE_CHARS = 32
 
 M = TypeVar("M", bound=Message)
@@ -94,6 +100,9 @@ class ClusterService:
         self._plane = plane
         self._nonces = ServerNonces()
         self._on_refused = on_refused
+        # This node's host's cluster ports, told to every dialler; None until the listener is
+        # bound (the node knows the port then), and so an answer like an older gateway's.
+        self.advert: HostAdvert | None = None
 
     def __mapping__(self) -> dict[str, Handler]:
         unary, stream = Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM
@@ -160,9 +169,14 @@ class ClusterService:
             raise GRPCError(Status.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
         nonce = self._nonces.issue()
         proof = server_proof(self._cookie, client_nonce, nonce, self._node_id)
-        await stream.send_initial_metadata(
-            metadata={NONCE_KEY: nonce, PROOF_KEY: proof, NODE_KEY: self._node_id}
-        )
+        metadata = {NONCE_KEY: nonce, PROOF_KEY: proof, NODE_KEY: self._node_id}
+        if self.advert is not None:
+            ports = self.advert.encode()
+            metadata[HOST_KEY] = ports
+            metadata[HOST_PROOF_KEY] = host_proof(
+                self._cookie, client_nonce, nonce, self._node_id, ports
+            )
+        await stream.send_initial_metadata(metadata=metadata)
         await stream.send_message(Empty())
 
     async def _ping(self, stream: Stream[Any, Any]) -> None:
@@ -279,6 +293,8 @@ class PeerLink:
         self._seq = 0
         self._commands: CommandLink | None = None
         self.peer_node: str | None = None
+        # What the peer's challenge answer said of its host: None when it said nothing.
+        self.peer_host: HostAdvert | None = None
 
     def close(self) -> None:
         if self._commands is not None:
@@ -320,7 +336,9 @@ class PeerLink:
             self._commands.forget(command_id)
 
     async def challenge(self, timeout: float) -> Literal["up", "self", "refused"]:
-        """Prove the peer has the cookie; "self" when the address is this very node."""
+        """Prove the peer has the cookie and read its host's ports (`peer_host`); "self" when
+        the address is this very node. Ports whose proof is missing or wrong refuse the link;
+        proven ports that do not parse are read as none."""
         client_nonce = new_nonce()
         metadata = {NONCE_KEY: client_nonce, NODE_KEY: self._node_id}
         async with self._channel.request(
@@ -342,7 +360,15 @@ class PeerLink:
             return "refused"
         if node == self._node_id:
             return "self"
-        self._server_nonce, self.peer_node = nonce, node
+        ports, ports_proof = got.get(HOST_KEY), got.get(HOST_PROOF_KEY)
+        advert = None
+        if ports is not None:
+            if not (isinstance(ports, str) and isinstance(ports_proof, str)):
+                return "refused"
+            if not verify(host_proof(self._cookie, client_nonce, nonce, node, ports), ports_proof):
+                return "refused"
+            advert = HostAdvert.decode(ports)
+        self._server_nonce, self.peer_node, self.peer_host = nonce, node, advert
         return "up"
 
     def _metadata(self, path: str) -> dict[str, str]:

@@ -14,9 +14,9 @@ from gateway.cluster.membership import Dial, Membership, Probe, Resolve
 from gateway.config.cluster_seeds import (
     DEFAULT_CLUSTER_PORT,
     PeerAddr,
-    expand_seed,
     host_ports,
     parse_seed,
+    seed_target,
 )
 from gateway.config.converters import BadValue
 from gateway.config.keys.cluster import SeedList
@@ -51,19 +51,12 @@ def test_a_hosts_ports_run_on_from_the_first_nodes(count: int, data: st.DataObje
     assert host_ports(9100, 1, 1) == (9100,)
 
 
-def test_a_seed_without_a_port_names_every_node_of_its_host() -> None:
-    ports = (9100, 9101, 9102)
-    assert expand_seed("10.0.0.7", ports) == [PeerAddr("10.0.0.7", p) for p in ports]
-    assert expand_seed("gw-2.example", (9100,)) == [PeerAddr("gw-2.example", 9100)]
-    assert expand_seed("10.0.0.7:9205", ports) == [PeerAddr("10.0.0.7", 9205)]
-
-
 @pytest.mark.parametrize("entry", ["", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:65536", ":9", "h:x"])
 def test_a_bad_seed_entry_is_refused(entry: str) -> None:
     with pytest.raises(ValueError):
         parse_seed(entry, 9100)
     with pytest.raises(ValueError):
-        expand_seed(entry, (9100, 9101))
+        seed_target(entry, 9100)
     with pytest.raises(BadValue):
         SeedList()([entry])
 
@@ -127,6 +120,21 @@ def test_a_link_outlives_its_address_until_a_probe_fails() -> None:
     assert m.peers_connected == 0
 
 
+def test_a_retarget_dials_the_new_addresses_at_once_and_probes_nothing() -> None:
+    m = Membership(INTERVAL, 3)
+    assert m.resolved(ADDRS[:1]) == [Dial(ADDRS[0])]
+    m.dialed(ADDRS[0], "up")
+    # A host told its ports mid-round: its new ones now, the link up neither redialled nor
+    # probed, the one under way not dialled twice, and the cap still holds.
+    assert m.retarget(ADDRS[:3]) == [Dial(ADDRS[1]), Dial(ADDRS[2])]
+    assert m.retarget(ADDRS[:4]) == []
+    assert (m.peers_resolved, m.capped) == (3, 1)
+    # Fewer ports: the addresses left out are not resolved any more; a link up stays up.
+    assert m.retarget(ADDRS[1:2]) == []
+    assert (m.peers_resolved, m.peers_connected) == (1, 1)
+    assert m.resolved(ADDRS[1:2]) == [Probe(ADDRS[0])]
+
+
 class MembershipMachine(RuleBasedStateMachine):
     """Against a model: connected = dialled up and not lost since; at most one dial and one
     probe at a time per address; never more distinct addresses than the cap."""
@@ -141,19 +149,31 @@ class MembershipMachine(RuleBasedStateMachine):
         self.selves: set[PeerAddr] = set()
         self.taken: set[PeerAddr] = set()
 
-    @rule(addrs=addr_sets)
-    def resolve(self, addrs: frozenset[PeerAddr]) -> None:
-        effects = self.m.resolved(addrs)
+    def wanted(self, addrs: frozenset[PeerAddr]) -> set[PeerAddr]:
+        """The addresses of `addrs` taken on (the cap), this node's excluded."""
         for addr in sorted(addrs - self.selves):
             if addr not in self.taken and len(self.taken) < self.cap:
                 self.taken.add(addr)
-        wanted = (addrs - self.selves) & self.taken
+        return (addrs - self.selves) & self.taken
+
+    @rule(addrs=addr_sets)
+    def resolve(self, addrs: frozenset[PeerAddr]) -> None:
+        effects = self.m.resolved(addrs)
+        wanted = self.wanted(addrs)
         dials = {e.addr for e in effects if isinstance(e, Dial)}
         probes = {e.addr for e in effects if isinstance(e, Probe)}
         assert dials == wanted - self.connected - self.dialing
         assert probes == self.connected - self.probing
         self.dialing |= dials
         self.probing |= probes
+
+    @rule(addrs=addr_sets)
+    def retarget(self, addrs: frozenset[PeerAddr]) -> None:
+        dials = self.m.retarget(addrs)
+        # Dials only: the links up are probed by the rounds.
+        assert all(isinstance(e, Dial) for e in dials)
+        assert {e.addr for e in dials} == self.wanted(addrs) - self.connected - self.dialing
+        self.dialing |= {e.addr for e in dials}
 
     @rule(data=st.data(), outcome=st.sampled_from(["up", "self", "refused", "failed"]))
     def dial_ends(self, data: st.DataObject, outcome: str) -> None:
