@@ -9,7 +9,12 @@ Theory of operation, one `Admission` per kind of call (Register, Subscribe), per
 
 - `pending` counts the calls admitted and not yet finished (`admit` ... `finish`).
 - The drain rate is measured: completions over the last `RATE_WINDOW_S`, never below
-  `MIN_RATE_PER_S` (a node that has finished nothing yet is assumed slow, not infinitely fast).
+  `MIN_RATE_PER_S` (a node that has finished nothing yet is assumed to have that rate, not an
+  infinite one). A window in which nothing was refused measured what arrived, not what the
+  node can do: it may raise the rate, never lower it. Only a window with refusals (the node at
+  its bound) can lower it: else a herd told slots at a low rate comes back at that rate, the
+  node finishes exactly that, and the rate never rises again (measured, issue 19: a node at
+  half its CPU admitting 100 a second for a minute).
 - A call is admitted while `pending` is below the bound: what the node finishes within
   `drain_target_s` at the measured rate, at least `FLOOR` (so a cold node still starts) and at
   most `pending_max` (the operator's hard bound).
@@ -44,10 +49,12 @@ __all__ = [
 # A node that has measured nothing still admits this many at once: the upstream permits'
 # default (48 Registers in flight) with room for the Subscribes that follow them.
 FLOOR: Final = 64
-# The slowest drain rate assumed, calls per second, until (and unless) more is measured: about
-# half of what one core joins (5 ms of CPU per agent in tests/bench/agents). At 10 a second a
-# cold node told a 10,000-agent herd to come back 45 to 60 s later (measured, issue 19).
-MIN_RATE_PER_S: Final = 100.0
+# The slowest drain rate assumed, calls per second, until (and unless) more is measured: what
+# one core joins at 5 ms of CPU per agent (tests/bench/agents). Too low costs the most: the
+# herd comes back at this rate and the node idles (at 100 a second, half its CPU for a minute of
+# a 10,000-agent wave; at 10, hints of 45 to 60 s: issue 19). Too high costs a second refusal
+# of the calls that come back early, on a connection already up, and a later slot.
+MIN_RATE_PER_S: Final = 200.0
 # How far back completions count towards the drain rate.
 RATE_WINDOW_S: Final = 5.0
 # Seed 003: the shortest hint of a bound refusal ("250 ms to 2 s").
@@ -100,14 +107,20 @@ class Admission:
         self._done: collections.deque[float] = collections.deque()
         self._first_at: float | None = None  # when the rate started to be measured
         self._horizon = 0.0  # when the last refused call's slot ends
+        self._rate = MIN_RATE_PER_S  # the rate believed (module doc)
+        self._refused_at: float | None = None  # the last refusal
 
     def rate(self, now: float) -> float:
-        """Completions per second over the last RATE_WINDOW_S (module doc)."""
+        """The drain rate believed now: completions per second over the last RATE_WINDOW_S,
+        lowered only by a window with refusals (module doc)."""
         self._forget(now)
         if self._first_at is None:
-            return MIN_RATE_PER_S
+            return self._rate
         span = min(RATE_WINDOW_S, max(now - self._first_at, 1.0))
-        return max(MIN_RATE_PER_S, len(self._done) / span)
+        measured = max(MIN_RATE_PER_S, len(self._done) / span)
+        at_bound = self._refused_at is not None and self._refused_at > now - RATE_WINDOW_S
+        self._rate = measured if at_bound else max(self._rate, measured)
+        return self._rate
 
     def bound(self, now: float) -> int:
         by_rate = int(self.rate(now) * self.limits.drain_target_s)
@@ -118,6 +131,7 @@ class Admission:
         if self.pending < bound:
             self.pending += 1
             return Admitted(self.pending)
+        self._refused_at = now
         return Refused(self._hint_ms(now, draw), self.pending, bound)
 
     def finish(self, now: float) -> None:

@@ -76,6 +76,7 @@ from prometheus_client import Counter
 from gateway.config.listener_spec import ListenerSpec
 from gateway.config.origin_sources import Mode, Sources
 from gateway.listeners.buffer import GuardedBuffer
+from gateway.listeners.coalesce import CoalescingTransport
 from gateway.listeners.connection import CURRENT_CALL, CallInfo, ConnectionInfo
 from gateway.listeners.h2_closed_streams import bound_closed_streams
 from gateway.listeners.h2_settings import compact
@@ -200,6 +201,7 @@ class ListenerProtocol(H2Protocol):
         self.policy = policy
         self.info = info
         self.made = False
+        self._lost = False
         self._on_made = on_made
         self._on_lost = on_lost
         self.loop = asyncio.get_event_loop()
@@ -253,8 +255,12 @@ class ListenerProtocol(H2Protocol):
             h2.increment_flow_control_window(window - _H2_MIN_WINDOW)
         _compact_settings(h2)
         self._h2 = h2
-        self._transport = transport
-        self.connection = Connection(h2, transport, config=self.config)  # type: ignore[arg-type]
+        # Corked for good: a turn's writes leave together at the next turn (coalesce.py).
+        # uvloop's transports do not subclass asyncio.Transport, hence the cast.
+        writes = CoalescingTransport(cast(asyncio.Transport, transport), self.loop)
+        writes.cork()
+        self._transport = writes
+        self.connection = Connection(h2, writes, config=self.config)  # type: ignore[arg-type]
         self.connection.flush()
         self.connection.initialize()
         self.processor = EventsProcessor(self.handler, self.connection)
@@ -318,9 +324,11 @@ class ListenerProtocol(H2Protocol):
             self.kill(ErrorCodes.ENHANCE_YOUR_CALM, MEMORY_BOUND)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.made:
-            # Never established: the setup task still owns the socket and the slot.
+        if not self.made or self._lost:
+            # Never established: the setup task still owns the socket and the slot. Or gone
+            # already (`abandon`).
             return
+        self._lost = True
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -328,6 +336,15 @@ class ListenerProtocol(H2Protocol):
         super().connection_lost(exc)
         self.info.closed()
         self._on_lost(self)
+
+    def abandon(self) -> None:
+        """The setup failed after this protocol was made (cancelled in the turn that made it):
+        close and let go of the connection once. uvloop closes the handle of a cancelled
+        `connect_accepted_socket` without calling `connection_lost`, which would keep the
+        connection's slot of `max_connections` and its table entry for good."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()  # what the connection wrote (its SETTINGS) is not sent
+        self.connection_lost(None)
 
     def kill(self, code: ErrorCodes, reason: str) -> None:
         """GOAWAY with `code` (counted as `reason`), then close. Established streams end with

@@ -9,10 +9,14 @@ before a TLS handshake. So:
   which the release supervisor sets on each node of a multi-node host so that they share the
   port, the kernel pinning each connection to one node; docs/multinode.md) with a backlog of
   4096 (seed: "the gateway asks for a listen backlog of 4096").
-- `serve()` is the accept loop. At `max_connections` (connections being set up included) it
-  stops accepting: new connections wait in the kernel's backlog while established ones are
-  unaffected, as Ranch does. Each wake accepts at most `acceptors` connections in a row (the
-  nearest asyncio meaning of Ranch's acceptor count) so a storm cannot starve the loop.
+- `serve()` runs the accept loop: a readiness callback on the listen socket that accepts in
+  the callback itself, as asyncio's own server does, up to `acceptors` x ACCEPTS_PER_ACCEPTOR
+  connections a wake (at the manual's 32, the whole backlog), so the kernel's queue empties at
+  each turn of the loop however long the turn is under the work already admitted (a cold wave
+  of 10,000 agents overflowed a queue drained 32 at a time: their SYNs retransmitted past the
+  clients' connect time-out, issue 19). At `max_connections` (connections being set up
+  included) it stops accepting: new connections wait in the kernel's backlog while established
+  ones are unaffected, as Ranch does; a freed slot resumes it.
 - Each accepted socket is set up in its own short task: the PROXY header (about 1 s, then the
   connection is closed), the TLS handshake, then grpclib's HTTP/2 protocol, all of it, the
   client's HTTP/2 preface and first SETTINGS included, within `listener_handshake_timeout_ms`
@@ -35,7 +39,6 @@ before a TLS handshake. So:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -95,6 +98,10 @@ _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # A connection that died between the kernel's accept and ours: nothing to do but go on.
 _TRANSIENT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
 _EXHAUSTED_LOG_INTERVAL_S = 60.0
+# How many connections each of the listener's `acceptors` takes in one wake of the accept loop:
+# at the manual's 32 acceptors, the backlog (4096), so that one wake can empty the kernel's
+# queue, as asyncio's server (up to its backlog) and libuv's (until the queue is empty) do.
+ACCEPTS_PER_ACCEPTOR = 128
 # Not for security: the retry times only have to differ between connections.
 _RANDOM = random.Random()
 
@@ -122,11 +129,12 @@ class _Core(Server):
         on_made: Callable[[ListenerProtocol], None],
         on_lost: Callable[[ListenerProtocol], None],
     ) -> ListenerProtocol:
-        self.__gc_step__()
+        # Not added to grpclib's own set of handlers, which only its `close()` (never called:
+        # the listener ends its connections itself, `_live`) reads, and which it sweeps every 10
+        # connections: a walk of every connection, O(n^2) over a 10,000-agent wave.
         handler = ListenerHandler(
             self._mapping, self._codec, self._status_details_codec, self.__dispatch__
         )
-        self._handlers.add(handler)
         return ListenerProtocol(
             handler,
             self._config,
@@ -166,8 +174,15 @@ class ListenerServer:
         self._port = spec.port
         self._sock: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
+        # The accept loop's state while `serve` runs: its loop, the socket whose readiness it
+        # watches (None while paused: at the ceiling, or waiting out EMFILE), the retry timer,
+        # and the future `serve` awaits (an unexpected accept error ends it).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: socket.socket | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._serving: asyncio.Future[None] | None = None
+        self._per_wake = spec.acceptors * ACCEPTS_PER_ACCEPTOR
         self._count = 0
-        self._slot_freed: asyncio.Event | None = None
         self._setups: set[asyncio.Task[None]] = set()
         # Established connections by key (ConnectionInfo.key).
         self._live: dict[int, ListenerProtocol] = {}
@@ -257,11 +272,9 @@ class ListenerServer:
         """Close the listen socket; established connections are left alone."""
         task, self._accept_task = self._accept_task, None
         sock, self._sock = self._sock, None
-        if sock is not None:
-            # Unregister the pending accept before the descriptor is closed, so the number
-            # cannot be reused by a new socket while the loop still watches it.
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing registered
-                asyncio.get_running_loop().remove_reader(sock.fileno())
+        # Unwatched before the descriptor is closed, so the number cannot be reused by a new
+        # socket while the loop still watches it.
+        self._stop_accepting()
         if task is not None:
             task.cancel()
         if sock is not None:
@@ -278,43 +291,71 @@ class ListenerServer:
     # -- accepting -----------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """The accept loop; runs until cancelled (`suspend`, `close`, or its owner ending)."""
-        sock = self._sock
-        assert sock is not None, "bind() first"
+        """The accept loop; runs until cancelled (`suspend`, `close`, or its owner ending), or
+        raises the accept error that is neither transient nor exhaustion."""
+        assert self._sock is not None, "bind() first"
         self._accept_task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        if self._slot_freed is None:
-            self._slot_freed = asyncio.Event()
-        limit = self.spec.limits.max_connections
-        while True:
-            while self._count >= limit:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-            try:
-                conn, addr = await loop.sock_accept(sock)
-            except OSError as exc:
-                await self._accept_failed(exc)
-                continue
-            self._admit(loop, conn, addr)
-            for _ in range(self.spec.acceptors - 1):
-                if self._count >= limit:
-                    break
-                try:
-                    conn, addr = sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    await self._accept_failed(exc)
-                    break
-                conn.setblocking(False)
-                self._admit(loop, conn, addr)
+        self._loop = loop = asyncio.get_running_loop()
+        self._serving = serving = loop.create_future()
+        self._resume()
+        try:
+            await serving
+        finally:
+            # A resume may have started the next loop already (suspend, then bind and serve).
+            if self._serving is serving:
+                self._stop_accepting()
 
-    async def _accept_failed(self, exc: OSError) -> None:
-        if exc.errno in _TRANSIENT:
+    def _stop_accepting(self) -> None:
+        self._pause()
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._serving = None
+
+    def _pause(self) -> None:
+        sock, self._watched = self._watched, None
+        if sock is not None and self._loop is not None:
+            self._loop.remove_reader(sock)
+
+    def _resume(self) -> None:
+        """Watch the listen socket again, unless paused for a reason that still holds."""
+        sock, loop = self._sock, self._loop
+        if sock is None or loop is None or self._serving is None or self._retry is not None:
             return
+        if self._watched is None and self._count < self.spec.limits.max_connections:
+            self._watched = sock
+            loop.add_reader(sock, self._accept)
+
+    def _accept(self) -> None:
+        """One wake: the connections the kernel has completed, up to the wake's share."""
+        sock, loop = self._sock, self._loop
+        assert sock is not None and loop is not None
+        limit = self.spec.limits.max_connections
+        for _ in range(self._per_wake):
+            if self._count >= limit:
+                self._pause()  # until a slot frees (_free_slot)
+                return
+            try:
+                conn, addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _TRANSIENT:
+                    continue
+                self._accept_failed(exc)
+                return
+            conn.setblocking(False)
+            self._admit(loop, conn, addr)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        loop, serving = self._loop, self._serving
+        assert loop is not None
         if exc.errno not in _EXHAUSTED:
-            raise exc
-        now = asyncio.get_running_loop().time()
+            if serving is not None and not serving.done():
+                serving.set_exception(exc)
+            self._pause()
+            return
+        now = loop.time()
         if now - self._exhausted_logged_at >= _EXHAUSTED_LOG_INTERVAL_S:
             self._exhausted_logged_at = now
             log.warning(
@@ -324,7 +365,12 @@ class ListenerServer:
                 errno.errorcode.get(exc.errno or 0, "error").lower(),
                 _ACCEPT_RETRY_S,
             )
-        await asyncio.sleep(_ACCEPT_RETRY_S)
+        self._pause()
+        self._retry = loop.call_later(_ACCEPT_RETRY_S, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        self._resume()
 
     def _admit(
         self, loop: asyncio.AbstractEventLoop, conn: socket.socket, addr: tuple[str, int]
@@ -362,6 +408,12 @@ class ListenerServer:
                 on_lost=self._lost,
             )
             made = protocol
+            if self._ssl is None:
+                # Nothing here waits for the peer (the protocol holds the preface to the
+                # deadline): no time-out, which could only cancel it in the turn that made the
+                # protocol, under a loop slowed by a storm.
+                await loop.connect_accepted_socket(lambda: made, conn)
+                return
             # asyncio's own handshake timer is left at its default (60 s), above ours, so the
             # time-out is always this one and counted as such.
             async with asyncio.timeout_at(deadline):
@@ -380,7 +432,8 @@ class ListenerServer:
 
     def _abandon(self, conn: socket.socket, protocol: ListenerProtocol | None) -> None:
         if protocol is not None and protocol.made:
-            return  # the protocol owns the slot now and frees it when the transport goes
+            protocol.abandon()  # the protocol owns the slot now: it frees it, once
+            return
         conn.close()
         self._free_slot()
 
@@ -404,8 +457,7 @@ class ListenerServer:
 
     def _free_slot(self) -> None:
         self._count -= 1
-        if self._slot_freed is not None:
-            self._slot_freed.set()
+        self._resume()
 
 
 def _failed_reason(exc: Exception, stage: str) -> str:

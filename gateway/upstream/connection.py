@@ -390,7 +390,7 @@ class ConnectionSlot:
                 timeout=timeout,
                 metadata=metadata,
             ) as stream:
-                # HEADERS and DATA in one write (coalesce.py).
+                # HEADERS and DATA in one write (gateway/listeners/coalesce.py).
                 protocol.writes.cork()
                 try:
                     await stream.send_message(payload, end=True)  # type: ignore[arg-type]

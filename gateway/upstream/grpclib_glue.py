@@ -12,8 +12,8 @@ frame the server sends. So:
 * h2's record of closed streams is bounded (`gateway.listeners.h2_closed_streams`): the connection
 opens
   a stream per call of the whole node for as long as it lives.
-* The protocol writes through a `coalesce.CoalescingTransport` (`writes`), which the slot corks
-  around a call's send so its HEADERS and DATA frames leave in one write.
+* The protocol writes through a `CoalescingTransport` (`writes`, gateway/listeners/coalesce.py),
+  which the slot corks around a call's send so its HEADERS and DATA frames leave in one write.
 * Every stream `SlotChannel.request` opens is counted and timed (`rpc_metrics.MeteredCall`):
   the one place every upstream call passes, whichever lane makes it.
 
@@ -39,8 +39,8 @@ from h2.events import RemoteSettingsChanged
 from h2.settings import SettingCodes
 
 from gateway.config.upstream_client import EndpointSpec
+from gateway.listeners.coalesce import CoalescingTransport
 from gateway.listeners.h2_closed_streams import bound_closed_streams
-from gateway.upstream.coalesce import CoalescingTransport
 from gateway.upstream.failures import ResponseTooLargeError
 from gateway.upstream.rpc_metrics import MeteredCall, method_series
 
@@ -98,8 +98,8 @@ class SettingsProtocol(H2Protocol):
         self._loop = loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # The slot corks it around a call's send (see coalesce.py). uvloop's transports do not
-        # subclass asyncio.Transport, hence the cast.
+        # The slot corks it around a call's send (gateway/listeners/coalesce.py). uvloop's
+        # transports do not subclass asyncio.Transport, hence the cast.
         self.writes = CoalescingTransport(cast(asyncio.Transport, transport), self._loop)
         super().connection_made(self.writes)
         bound_closed_streams(self.connection._connection)

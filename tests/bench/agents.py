@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from actors.node.metrics import GC_GENERATIONS
+from gateway.listeners.server import REUSEPORT_VAR
+from gateway.node.multinode import NODE_COUNT_VAR, NODE_INDEX_VAR
 from tests.bench.agents_loadgen import register_request
 from tests.bench.common import (
     REPO_ROOT,
@@ -115,6 +117,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports (node k of a multi-node host holds
+    the configured health and metrics ports + k - 1)."""
+    for _ in range(100):
+        first = free_port()
+        with contextlib.ExitStack() as probes:
+            try:
+                for port in range(first + 1, first + count):
+                    probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 # -- subprocesses ---------------------------------------------------------------------------------
@@ -200,11 +218,32 @@ async def fake_server(latency_ms: float) -> AsyncIterator[Fake]:
                 await counter
 
 
-def gateway_config(path: Path, agents: int, fake_port: int) -> dict[str, int]:
+# The test posture's lift of the storm bound (sys_config/test.config: its clients do not wait
+# out a hint); `production_admission` drops it, so a node admits with its defaults.
+_ADMISSION_LIFT = re.compile(
+    r"^ *\{(register|subscribe)_admission_pending_max, \d+\},\n"
+    r"|^ *\{admission_drain_target_ms, \d+\},\n",
+    re.MULTILINE,
+)
+
+
+def gateway_config(
+    path: Path,
+    agents: int,
+    fake_port: int,
+    *,
+    production_admission: bool = False,
+    nodes: int = 1,
+) -> dict[str, int]:
     """The test config with fixed free loopback ports, room for the agents, and an
-    upstream_client dialing the fake server; returns the ports."""
-    ports = {"agent": free_port(), "health": free_port(), "metrics": free_port()}
+    upstream_client dialing the fake server (with the default admission when
+    `production_admission`); returns the ports, node 1's where `nodes` share the host."""
+    ports = {"agent": free_port(), "health": free_ports(nodes), "metrics": free_ports(nodes)}
     text = TEST_CONFIG.read_text()
+    if production_admission:
+        text, lifted = _ADMISSION_LIFT.subn("", text)
+        if lifted != 3:
+            raise RuntimeError(f"{TEST_CONFIG}: the admission lift is not where it was")
     text = text.replace("{health_port, 0}", f"{{health_port, {ports['health']}}}")
     text = text.replace("{prometheus_port, 0}", f"{{prometheus_port, {ports['metrics']}}}")
     # The first listener is the agent one; the others keep port 0 (a free port each).
@@ -257,33 +296,84 @@ class Server:
     # A gateway's, to start it again on the same ports (`tests.bench.storm`'s restart).
     health_port: int | None = None
     config: Path | None = None
+    # Nodes 2..N of a multi-node host (`tests.bench.storm --nodes`), sharing the agent port;
+    # node k's health and metrics ports are node 1's + k - 1.
+    siblings: tuple[int, ...] = ()
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return (self.pid, *self.siblings)
+
+    @property
+    def metrics_ports(self) -> list[int]:
+        if self.metrics_port is None:
+            return []
+        return [self.metrics_port + k for k in range(len(self.pids))]
 
 
 @contextlib.asynccontextmanager
-async def gateway_node(workdir: Path, agents: int, fake_port: int) -> AsyncIterator[Server]:
+async def gateway_node(
+    workdir: Path,
+    agents: int,
+    fake_port: int,
+    *,
+    production_admission: bool = False,
+    nodes: int = 1,
+) -> AsyncIterator[Server]:
+    """One node, or `nodes` on one host as `rel/yuzu_gw start --nodes N` runs them (each its own
+    process, the listener port shared through SO_REUSEPORT, docs/multinode.md)."""
     config = workdir / "bench.config"
-    ports = gateway_config(config, agents, fake_port)
-    async with running_gateway(workdir, config, ports["health"]) as process:
-        yield Server(process.pid, ports["agent"], ports["metrics"], ports["health"], config)
+    ports = gateway_config(
+        config, agents, fake_port, production_admission=production_admission, nodes=nodes
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        processes = [
+            await stack.enter_async_context(
+                running_gateway(workdir, config, ports["health"], node=(k, nodes))
+            )
+            for k in range(1, nodes + 1)
+        ]
+        first, *others = (process.pid for process in processes)
+        yield Server(
+            first, ports["agent"], ports["metrics"], ports["health"], config, tuple(others)
+        )
+
+
+def node_env(node: tuple[int, int]) -> dict[str, str]:
+    """Node k of N's variables, as the release supervisor sets them; none for one node."""
+    index, count = node
+    if count == 1:
+        return {}
+    return {
+        NODE_INDEX_VAR: str(index),
+        NODE_COUNT_VAR: str(count),
+        REUSEPORT_VAR: "1",
+    }
 
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    workdir: Path, config: Path, health_port: int
+    workdir: Path, config: Path, health_port: int, *, node: tuple[int, int] = (1, 1)
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`python -m gateway` booted from `config` with a fresh cookie and run directory under
     `workdir`, its log in `workdir/gateway.log`; yields once /readyz answers 200, stops it. A
-    second boot in the same `workdir` is a restart: the run directory is the first one's."""
-    run_dir = workdir / "run"
+    second boot in the same `workdir` is a restart: the run directory is the first one's.
+    `node`: (k, N), node k of N on this host, with a run directory and log of its own
+    (`run-k`, `gateway-k.log`) and its health port offset."""
+    index, count = node
+    suffix = "" if count == 1 else f"-{index}"
+    run_dir = workdir / f"run{suffix}"
     run_dir.mkdir(exist_ok=True)
+    health_port += index - 1
     env = dict(os.environ)
     env.update(
         YUZU_GW_CONFIG=str(config),
         YUZU_GW_VM_ARGS=str(VM_ARGS),
         YUZU_GW_COOKIE=secrets.token_hex(32),
         YUZU_GW_RUN_DIR=str(run_dir),
+        **node_env(node),
     )
-    log = workdir / "gateway.log"
+    log = workdir / f"gateway{suffix}.log"
     process = await _spawn(
         "-m", "gateway", log=log, env=env, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
     )
@@ -547,13 +637,26 @@ async def wave(
     quiet: bool,
     heartbeating: Heartbeating | None = None,
     held: Callable[[Held], Awaitable[None]] | None = None,
+    production_admission: bool = False,
+    nodes: int = 1,
 ) -> Wave:
-    """One server's cold wave; `held`: a last step run while the agents are still held."""
+    """One server's cold wave; `held`: a last step run while the agents are still held;
+    `production_admission`: the node admits with its defaults (`tests.bench.storm`); `nodes`:
+    the gateway's nodes on this host (their CPU and RSS summed, the longest stall of any)."""
+    if heartbeating is not None and nodes != 1:
+        raise ValueError("the heartbeat window is measured on one node")
     timeout = START_TIMEOUT_S + agents / 20.0
     async with contextlib.AsyncExitStack() as stack:
         fake = await stack.enter_async_context(fake_server(latency_ms))
         if kind == "gateway":
-            server = await stack.enter_async_context(gateway_node(workdir, agents, fake.port))
+            node = gateway_node(
+                workdir,
+                agents,
+                fake.port,
+                production_admission=production_admission,
+                nodes=nodes,
+            )
+            server = await stack.enter_async_context(node)
         else:
             server = await stack.enter_async_context(bare_server(workdir, fake.port))
         generators = await stack.enter_async_context(
@@ -561,11 +664,9 @@ async def wave(
         )
         await asyncio.sleep(SETTLE_S)
         progress(f"{kind}: {agents} agents from {loadgens} load generators", quiet)
-        cpu_before = process_cpu_s(server.pid)
-        rss_before = process_rss_bytes(server.pid)
-        stalls_before = None
-        if server.metrics_port is not None:
-            stalls_before = stall_buckets(await scrape(server.metrics_port))
+        cpu_before = sum(map(process_cpu_s, server.pids))
+        rss_before = sum(map(process_rss_bytes, server.pids))
+        stalls_before = [stall_buckets(await scrape(port)) for port in server.metrics_ports]
         started = time.perf_counter()
         generators.go()
         outcome = await generators.joined(timeout)
@@ -594,20 +695,17 @@ async def wave(
             seconds_to_all=seconds,
             seconds_to_last_join=joined_s,
             announced_at_last_join=announced_at_join,
-            cpu_s=process_cpu_s(server.pid) - cpu_before,
-            rss_growth_bytes=process_rss_bytes(server.pid) - rss_before,
+            cpu_s=sum(map(process_cpu_s, server.pids)) - cpu_before,
+            rss_growth_bytes=sum(map(process_rss_bytes, server.pids)) - rss_before,
             connect_timeouts=outcome.connect_timeouts,
         )
-        if server.metrics_port is not None and stalls_before is not None:
-            text = await scrape(server.metrics_port)
-            in_wave = window_max_stall(
-                {le: n - stalls_before.get(le, 0.0) for le, n in stall_buckets(text).items()}
-            )
-            bounds = [b for b in (in_wave, metric_sum(text, MAX_STALL_METRIC)) if b is not None]
-            result.max_stall_in_wave_s = min(bounds)
-            result.dropped = metric_sum(text, "yuzu_gw_upstream_notify_dropped_total")
-            result.lost = metric_sum(text, "yuzu_gw_upstream_notify_lost_total")
-            result.agents_current = metric_sum(text, "yuzu_gw_agents_current")
+        if server.metrics_port is not None:
+            texts = [await scrape(port) for port in server.metrics_ports]
+            result.max_stall_in_wave_s = max(map(_stall_in_wave, texts, stalls_before))
+            result.dropped = nodes_sum(texts, "yuzu_gw_upstream_notify_dropped_total")
+            result.lost = nodes_sum(texts, "yuzu_gw_upstream_notify_lost_total")
+            result.agents_current = nodes_sum(texts, "yuzu_gw_agents_current")
+            text = texts[0]
             if heartbeating is not None:
                 result.max_stall_after_wave_s = metric_sum(text, MAX_STALL_METRIC)
                 full_gcs_before = sample(text, FULL_GC_SAMPLE)
@@ -661,6 +759,20 @@ async def wave(
         if held is not None:
             await held(Held(server, fake, generators, workdir))
         return result
+
+
+def nodes_sum(texts: list[str], name: str) -> float:
+    """`metric_sum` over the expositions of a host's nodes."""
+    return sum(metric_sum(text, name) for text in texts)
+
+
+def _stall_in_wave(text: str, before: dict[float, float]) -> float:
+    """A node's longest stall of the wave, at most: its histogram's window to a bucket bound,
+    or its since-start maximum when lower."""
+    in_wave = window_max_stall(
+        {le: n - before.get(le, 0.0) for le, n in stall_buckets(text).items()}
+    )
+    return min(b for b in (in_wave, metric_sum(text, MAX_STALL_METRIC)) if b is not None)
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -45,6 +45,7 @@ from tests.bench.agents import (
     DEFAULT_LATENCY_MS,
     START_TIMEOUT_S,
     Held,
+    Server,
     Wave,
     default_loadgens,
     progress,
@@ -83,19 +84,28 @@ def labelled(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
-def admission(text: str) -> dict[str, Any]:
-    """The admission's record by call: admitted, refused by reason, and the hints given (how
-    many, their mean, and the bucket bound of the longest)."""
+def admission(texts: list[str]) -> dict[str, Any]:
+    """The admission's record by call, over a host's nodes (their expositions): admitted,
+    refused by reason, and the hints given (how many, their mean, and the bucket bound of the
+    longest)."""
     by_call: dict[str, Any] = {}
     for call in CALLS:
-        admitted = sum(v for labels, v in labelled(text, ADMITTED) if labels.get("call") == call)
+        admitted = 0.0
         refused: dict[str, int] = {}
-        for labels, value in labelled(text, REFUSED):
-            if labels.get("call") == call:
-                refused[labels.get("reason", "")] = int(value)
-        count = sample(text, f'{HINT}_count{{call="{call}"}}') or 0.0
-        total = sample(text, f'{HINT}_sum{{call="{call}"}}') or 0.0
-        longest = window_max_stall(stall_buckets(text, HINT + "_bucket", f'call="{call}",'))
+        count = total = 0.0
+        longest: float | None = None
+        for text in texts:
+            admitted += sum(v for labels, v in labelled(text, ADMITTED) if labels["call"] == call)
+            for labels, value in labelled(text, REFUSED):
+                if labels.get("call") == call:
+                    reason = labels.get("reason", "")
+                    refused[reason] = refused.get(reason, 0) + int(value)
+            count += sample(text, f'{HINT}_count{{call="{call}"}}') or 0.0
+            total += sample(text, f'{HINT}_sum{{call="{call}"}}') or 0.0
+            buckets = stall_buckets(text, HINT + "_bucket", f'call="{call}",')
+            node_longest = window_max_stall(buckets)
+            if node_longest is not None:
+                longest = max(longest or 0.0, node_longest)
         by_call[call] = {
             "admitted": int(admitted),
             "refused": refused,
@@ -106,18 +116,32 @@ def admission(text: str) -> dict[str, Any]:
     return by_call
 
 
+async def scrape_nodes(server: Server) -> list[str]:
+    return [await scrape(port) for port in server.metrics_ports]
+
+
 async def reconnect_storm(held: Held, agents: int, quiet: bool) -> dict[str, Any]:
-    """Kill the node holding the agents (SIGKILL), start it again, and time the agents' return."""
+    """Kill the nodes holding the agents (SIGKILL), start them again, and time the agents'
+    return."""
     server = held.server
-    assert server.config is not None and server.health_port is not None
+    config, health_port = server.config, server.health_port
+    assert config is not None and health_port is not None
+    nodes = len(server.pids)
     announced_before = held.fake.notified
     held.generators.rejoin()
-    progress(f"reconnect storm: SIGKILL to the node holding {agents}", quiet)
+    progress(f"reconnect storm: SIGKILL to the {nodes} node(s) holding {agents}", quiet)
     sampler = Sampler()
     sampler.start()
     started = time.perf_counter()
-    os.kill(server.pid, signal.SIGKILL)
-    async with running_gateway(held.workdir, server.config, server.health_port) as process:
+    for pid in server.pids:
+        os.kill(pid, signal.SIGKILL)
+    async with contextlib.AsyncExitStack() as stack:
+        processes = [
+            await stack.enter_async_context(
+                running_gateway(held.workdir, config, health_port, node=(k, nodes))
+            )
+            for k in range(1, nodes + 1)
+        ]
         ready_s = time.perf_counter() - started
         outcome = await held.generators.joined(START_TIMEOUT_S + agents / 20.0)
         back_s = time.perf_counter() - started
@@ -129,15 +153,14 @@ async def reconnect_storm(held: Held, agents: int, quiet: bool) -> dict[str, Any
         announced = held.fake.notified - announced_before
         announced_s = time.perf_counter() - started if announced >= agents else None
         backlog = (await sampler.stop()).of(server.agent_port)
-        assert server.metrics_port is not None
-        text = await scrape(server.metrics_port)
+        texts = await scrape_nodes(server)
         progress(
             f"reconnect storm: {outcome.subscribed} back in {back_s:.3f} s"
             f" ({outcome.retries} retries, node ready after {ready_s:.3f} s)",
             quiet,
         )
         return {
-            "restarted_pid": process.pid,
+            "restarted_pids": [process.pid for process in processes],
             "node_ready_s": ready_s,
             "subscribed": outcome.subscribed,
             "subscribe_failed": outcome.failed,
@@ -146,7 +169,7 @@ async def reconnect_storm(held: Held, agents: int, quiet: bool) -> dict[str, Any
             "seconds_to_all_subscribed": back_s if outcome.subscribed == agents else None,
             "announced": announced,
             "seconds_to_all_announced": announced_s,
-            "admission": admission(text),
+            "admission": admission(texts),
             "accept_queue": backlog,
         }
 
@@ -170,16 +193,25 @@ def _server(result: Wave) -> dict[str, Any]:
 
 
 async def run(
-    agents: int, loadgens: int, latency_ms: float, quiet: bool, *, keep: Path | None = None
+    agents: int,
+    loadgens: int,
+    latency_ms: float,
+    quiet: bool,
+    *,
+    keep: Path | None = None,
+    nodes: int = 1,
 ) -> dict[str, Any]:
-    """One run; `keep`: a directory to keep the processes' logs in (else a temporary one)."""
+    """One run; `keep`: a directory to keep the processes' logs in (else a temporary one);
+    `nodes`: the gateway's nodes on this host, sharing the agent port."""
     storm: dict[str, Any] = {}
     sampler = Sampler()
 
     async def held(state: Held) -> None:
         storm["accept_queue"] = (await sampler.stop()).of(state.server.agent_port)
-        assert state.server.metrics_port is not None
-        storm["admission"] = admission(await scrape(state.server.metrics_port))
+        texts = await scrape_nodes(state.server)
+        storm["admission"] = admission(texts)
+        # Each node's own record: their admissions are theirs (docs/agent-plane.md).
+        storm["admission_by_node"] = [admission([text]) for text in texts]
         storm["reconnect"] = await reconnect_storm(state, agents, quiet)
 
     async def bare_held(state: Held) -> None:
@@ -202,6 +234,9 @@ async def run(
             workdir=workdir / "gateway",
             quiet=quiet,
             held=held,
+            # The node's own defaults, not the test posture's lifted bound: the storm is theirs.
+            production_admission=True,
+            nodes=nodes,
         )
         sampler = Sampler()
         sampler.start()
@@ -227,6 +262,7 @@ async def run(
     return {
         "benchmark": NAME,
         "agents": agents,
+        "nodes": nodes,
         "load_generators": loadgens,
         "upstream_latency_ms": latency_ms,
         "connect_timeouts": gateway.connect_timeouts,
@@ -237,6 +273,7 @@ async def run(
         "reconnect_storm_s": reconnect["seconds_to_all_subscribed"],
         "refusals": {call: by_call[call]["refused"] for call in CALLS},
         "admission": by_call,
+        "admission_by_node": storm["admission_by_node"],
         # Where the new connections waited: the agent listener's accept queue (storm_backlog.py).
         "accept_queue": storm["accept_queue"],
         "gateway": _server(gateway),
@@ -341,6 +378,12 @@ def main(argv: list[str] | None = None) -> None:
         "--loadgens", type=int, help="load-generator processes (default: one per 4,500 agents)"
     )
     parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS)
+    parser.add_argument(
+        "--nodes",
+        default="1",
+        help="gateway nodes on this host sharing the agent port, as `rel/yuzu_gw start --nodes`"
+        " runs them; `auto`: one per CPU (default 1)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
         "--keep-logs", type=Path, help="a new directory to keep every process's log in"
@@ -349,9 +392,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.agents <= 0:
         parser.error("--agents must be positive")
+    if args.nodes == "auto":
+        nodes = os.cpu_count() or 1
+    elif args.nodes.isdigit() and int(args.nodes) > 0:
+        nodes = int(args.nodes)
+    else:
+        parser.error("--nodes must be a positive number or auto")
     loadgens = args.loadgens or default_loadgens(args.agents)
     result = asyncio.run(
-        run(args.agents, loadgens, args.latency_ms, args.quiet, keep=args.keep_logs)
+        run(args.agents, loadgens, args.latency_ms, args.quiet, keep=args.keep_logs, nodes=nodes)
     )
     report(result, rows(result), args.out, args.json)
 

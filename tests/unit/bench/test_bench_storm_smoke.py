@@ -17,7 +17,7 @@ from gateway.agent.admission import AdmissionRefusal, AgentAdmission
 from gateway.agent.metrics import agent_metrics
 from tests.bench import agents, agents_loadgen, storm, storm_backlog
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(90)
 
 N = 12
 KEYS = {
@@ -81,6 +81,20 @@ def test_a_small_storm_joins_every_agent_twice_and_counts_each_admission() -> No
     assert storm.rows(result)
 
 
+def test_two_nodes_of_a_host_share_the_storm_each_admitting_its_own() -> None:
+    result = asyncio.run(storm.run(N, 2, agents.DEFAULT_LATENCY_MS, True, nodes=2))
+    assert result["nodes"] == 2
+    assert result["gateway"]["subscribed"] == N
+    assert result["reconnect"]["subscribed"] == N
+    assert len(result["reconnect"]["restarted_pids"]) == 2
+    by_node = result["admission_by_node"]
+    assert len(by_node) == 2
+    # Each node counts the calls it admitted, and only those: together, every agent once.
+    for call in storm.CALLS:
+        assert sum(node[call]["admitted"] for node in by_node) == N
+        assert result["admission"][call]["admitted"] == N
+
+
 def test_refusals_and_hints_are_read_by_call_and_reason() -> None:
     registry = CollectorRegistry()
     metrics = agent_metrics(registry, lambda: 0)
@@ -93,7 +107,7 @@ def test_refusals_and_hints_are_read_by_call_and_reason() -> None:
                 pass
     with admission.admitted(Call.SUBSCRIBE, metrics):
         pass
-    read = storm.admission(generate_latest(registry).decode())
+    read = storm.admission([generate_latest(registry).decode()])
     register, subscribe = read["register"], read["subscribe"]
     assert register["admitted"] == 1
     assert register["refused"] == {"pending": 3}

@@ -1,4 +1,4 @@
-"""`gateway.upstream.coalesce.CoalescingTransport`: corked writes leave together, nothing is
+"""`gateway.listeners.coalesce.CoalescingTransport`: corked writes leave together, nothing is
 lost or reordered, nothing is held longer than a loop turn."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.coalesce import CoalescingTransport
+from gateway.listeners.coalesce import CoalescingTransport
 
 
 class RecordingTransport(asyncio.Transport):
