@@ -45,6 +45,11 @@ def test_a_small_storm_joins_every_agent_twice_and_counts_each_admission() -> No
     assert result["cpu_bound_ratio"] == pytest.approx(
         result["all_joined_s"] / result["gateway"]["cpu_s"]
     )
+    bare = result["bare"]
+    assert result["cpu_bound_ratio_bare"] == pytest.approx(bare["all_joined_s"] / bare["cpu_s"])
+    assert result["cpu_bound_ratio_vs_bare"] == pytest.approx(
+        result["cpu_bound_ratio"] / result["cpu_bound_ratio_bare"]
+    )
     assert result["dropped"] == 0
     assert result["max_stall_ms"] is not None and result["max_stall_ms"] >= 0
     # At 12 agents nothing is past the bound: each call admitted once per agent, none refused.
