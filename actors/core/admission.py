@@ -49,12 +49,13 @@ __all__ = [
 # A node that has measured nothing still admits this many at once: the upstream permits'
 # default (48 Registers in flight) with room for the Subscribes that follow them.
 FLOOR: Final = 64
-# The slowest drain rate assumed, calls per second, until (and unless) more is measured: what
-# one core joins at 5 ms of CPU per agent (tests/bench/agents). Too low costs the most: the
-# herd comes back at this rate and the node idles (at 100 a second, half its CPU for a minute of
-# a 10,000-agent wave; at 10, hints of 45 to 60 s: issue 19). Too high costs a second refusal
-# of the calls that come back early, on a connection already up, and a later slot.
-MIN_RATE_PER_S: Final = 200.0
+# The slowest drain rate assumed, calls per second, until (and unless) more is measured. A herd
+# refused before anything is measured is slotted at this rate and comes back at it, so a low one
+# costs the most: the node idles (a 10,000-agent wave on 2 cores: at 100, 49% of a core for a
+# minute; at 200, 65 to 85%; at 300, 85 to 90%, about 3 ms of CPU a join once the herd is set
+# up; at 10, hints of 45 to 60 s: issue 19). A high one costs a second refusal of the calls
+# that come back early, on a connection already up, and a later slot.
+MIN_RATE_PER_S: Final = 300.0
 # How far back completions count towards the drain rate.
 RATE_WINDOW_S: Final = 5.0
 # Seed 003: the shortest hint of a bound refusal ("250 ms to 2 s").
