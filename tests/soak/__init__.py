@@ -1,1 +1,2 @@
-"""The standing fault soak (`python -m tests.soak`; docs/dev/benchmarks.md, "The fault soak")."""
+"""The standing fault soak (`python -m tests.soak`; docs/dev/benchmarks.md, "`tests.soak`: the
+standing fault soak")."""

@@ -1,8 +1,10 @@
-"""One agent process of the soak: `python -m tests.soak.agents --target HOST:PORT --count K
---first I --token CANARY`.
+"""One agent process of the soak: `python -m tests.soak.agents --target TARGET [--target ...]
+--count K --first I --token CANARY`.
 
 Holds K grpcio agents, one channel (one HTTP/2 connection) each, as tests/bench/agents_loadgen.py
-does, and lives as the stock agent does until told to stop:
+does, agent i of them dialling the i-th target round the list (a gRPC target: a two-node soak
+names both nodes, `ipv4:127.0.0.1:A,127.0.0.1:B`, and pick_first moves an agent to the second
+when the first ends), and lives as the stock agent does until told to stop:
 
 1. Register, with the canary as its enrolment token (the node must never log it);
 2. Subscribe with `x-yuzu-session-id`; answer every command on the stream RUNNING then SUCCESS
@@ -154,10 +156,15 @@ class SoakAgent:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    target = Target(args.target)
+    targets = [Target(target) for target in args.target]
     seeds = random.Random(args.seed)
     agents = [
-        SoakAgent(agent_id(args.first + i), target, args.token, random.Random(seeds.random()))
+        SoakAgent(
+            agent_id(args.first + i),
+            targets[i % len(targets)],
+            args.token,
+            random.Random(seeds.random()),
+        )
         for i in range(args.count)
     ]
     loop = asyncio.get_running_loop()
@@ -180,7 +187,9 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.soak.agents")
-    parser.add_argument("--target", required=True, help="host:port of the agent listener")
+    parser.add_argument(
+        "--target", action="append", required=True, help="a gRPC target of the agent listener"
+    )
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--first", type=int, default=0, help="index of the first agent id")
     parser.add_argument("--token", required=True, help="the canary enrolment token")

@@ -3,7 +3,9 @@
 Kills go through the node's remote console (`runtime.kill`: no terminate, as an operator's
 kill), as tests/integration/test_root_intensity.py does; the upstream faults act on the fake
 server (gateway/devstack/fake_upstream/server.py); commands and broadcasts are grpcio
-SendCommand calls on the management listener, each collected to its end.
+SendCommand calls on the management listener, each collected to its end. With two nodes these
+act on node a; the cluster's faults cut the link between the two (the relays drop every byte)
+and SIGKILL node b, which is started again after the hold.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.server.v1 import management_pb2 as mgmt
 from tests.soak import schedule as sched
 from tests.soak.agents import agent_id
+from tests.soak.invariants import CONNECTED, metric_sum, notice_history
 from tests.soak.stack import Stack
 
 MGMT = "/yuzu.server.v1.ManagementService/SendCommand"
@@ -60,8 +63,18 @@ from actors.memory.api import shedding_now
 """
 # Past the high-water mark by this much, so the node's own churn cannot take it back under.
 BALLAST_MARGIN_BYTES = 64 * 2**20
+NOTIFY_PENDING = "yuzu_gw_upstream_notify_pending"
+INFLIGHT = "yuzu_gw_upstream_notify_inflight"
+# How long an upstream kill waits for the held notifications to drain.
+DRAIN_S = 60.0
 # How long the shedder may take to notice either way: many of its samples.
 SHEDDER_NOTICE_S = 10.0
+
+PEER_OWNERS = """
+from actors.agents.api import OWNERS_TABLE
+_table = runtime.table(OWNERS_TABLE)
+_owned = {} if _table is None else {r.session_id: r.state for r in _table.values()}
+"""
 
 KILL_NAMED = """
 _victim = runtime.whereis({name!r})
@@ -85,6 +98,17 @@ class CommandResult:
 
 
 @dataclass
+class PeerKill:
+    """A `peer_kill`: the sessions in the killed node's owner table just before the SIGKILL,
+    and the sessions whose last notice at the server, from that node, was CONNECTED once it
+    was dead (what this incarnation left the server believing: an earlier one's are its
+    own kill's)."""
+
+    owned: frozenset[str]
+    left_connected: frozenset[str]
+
+
+@dataclass
 class FaultRecord:
     kind: str
     at_s: float
@@ -99,8 +123,9 @@ class Faults:
         self.rng = random.Random(seed ^ 0x50A4)
         self.commands: list[CommandResult] = []
         self.faults: list[FaultRecord] = []
+        self.peer_kills: list[PeerKill] = []
         self._sequence = 0
-        target = f"127.0.0.1:{stack.port('listener_mgmt')}"
+        target = f"127.0.0.1:{stack.node.port('listener_mgmt')}"
         self.channel = grpc.aio.insecure_channel(target)
 
     async def close(self) -> None:
@@ -119,6 +144,9 @@ class Faults:
                 seed = self.rng.randrange(2**32)
                 await self.stack.eval(KILL_OWNERS.format(seed=seed, count=event.size))
                 record.detail["owners"] = event.size
+            case sched.UPSTREAM_KILL:
+                record.detail.update(await self._drained())
+                await self.stack.eval(KILL_NAMED.format(name=sched.ROOT_KILLS[event.kind]))
             case kind if kind in sched.ROOT_KILLS:
                 await self.stack.eval(KILL_NAMED.format(name=sched.ROOT_KILLS[kind]))
             case sched.UPSTREAM_DROP:
@@ -135,9 +163,47 @@ class Faults:
                 # A new server instance: its in-memory sessions are gone, its connections
                 # dropped; the durable route directory survives, as the server's does.
                 await fake.restart(drop_connections=True)
+            case sched.LINK_CUT:
+                for relay in self.stack.relays:
+                    relay.paused = True
+                await asyncio.sleep(event.hold_s)
+                for relay in self.stack.relays:
+                    relay.paused = False
+            case sched.PEER_KILL:
+                record.detail.update(await self._peer_kill(event.hold_s))
             case _:
                 raise ValueError(f"not a fault: {event.kind}")
         record.done = loop.time()
+
+    async def _drained(self) -> dict[str, Any]:
+        """Wait, at most DRAIN_S, until node a holds no stream-status notification. The held
+        ones live in the upstream actor, and a killed one's are lost, uncounted (seed: "What happens
+        when the server restarts": "nothing is counted if the process is killed"), so the kill comes
+        once they are out: at fleet size a fault's wave of notifications takes tens of seconds
+        to drain (docs/dev/benchmarks.md, the soak). What was still held is in the result."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while True:
+            exposition = await self.stack.node.metrics()
+            held = int(metric_sum(exposition, NOTIFY_PENDING) + metric_sum(exposition, INFLIGHT))
+            if held == 0 or loop.time() - began > DRAIN_S:
+                return {"notify_held": held, "drain_wait_s": round(loop.time() - began, 1)}
+            await asyncio.sleep(1.0)
+
+    async def _peer_kill(self, hold_s: float) -> dict[str, int]:
+        """SIGKILL node b just after reading its owner table; start it again after `hold_s`."""
+        peer = self.stack.nodes[1]
+        owned = await peer.eval_json("_owned", PEER_OWNERS)
+        await peer.kill()
+        history, _ = notice_history(self.stack.notices(peer.full_name))
+        earlier = frozenset().union(*(k.left_connected for k in self.peer_kills))
+        left = frozenset(
+            s for s, events in history.items() if events[-1] == CONNECTED and s not in earlier
+        )
+        self.peer_kills.append(PeerKill(frozenset(owned), left))
+        await asyncio.sleep(hold_s)
+        await peer.start()
+        return {"owners": len(owned), "left_connected": len(left)}
 
     async def _shedding_becomes(self, wanted: bool) -> bool:
         """Whether the shedder's published verdict becomes `wanted` within SHEDDER_NOTICE_S."""

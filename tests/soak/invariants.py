@@ -12,6 +12,15 @@ crashes"), and a restarted server is told CONNECTED again after the replay adopt
 So, after the repeats are set aside: a session the node still holds ends on CONNECTED, a session
 it gave up ends on DISCONNECTED, none starts on DISCONNECTED, and after the planned stop every
 session ends on DISCONNECTED.
+
+A session can start on DISCONNECTED without a fault of the node's: a CONNECTED still held (the
+breaker open, or the in-flight limit reached) that a DISCONNECTED of the same session replaces is
+never sent (seed: "Stream Status Notification", Keys), as when an owner of a session just
+registered in a wave is killed and its recovery sends DISCONNECTED, then CONNECTED again. So the
+sessions starting on DISCONNECTED are counted beyond the replacements the node counted
+(`yuzu_gw_upstream_notify_coalesced_total`). The planned stop comes after the schedule's quiet
+tail, once every held notice has gone out, so none of its DISCONNECTEDs may start a session.
+The counts read after the stop have keys of their own.
 """
 
 from __future__ import annotations
@@ -48,19 +57,63 @@ def owner_of_sessions(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, str
 
 
 def notice_counts(
-    history: Mapping[str, Sequence[str]], held: Iterable[str], *, stopped: bool
+    history: Mapping[str, Sequence[str]], held: Iterable[str], coalesced: int = 0
 ) -> dict[str, int]:
-    """The notice invariants. `held`: the sessions the node holds (none once `stopped`)."""
-    held_set = set() if stopped else set(held)
-    counts = {
-        "notice_starts_disconnected": sum(1 for e in history.values() if e[0] == DISCONNECTED),
+    """The notice invariants while the node runs. `held`: the sessions the node holds;
+    `coalesced`: the notices the node says it replaced while held
+    (`yuzu_gw_upstream_notify_coalesced_total`), each of which may have been a session's
+    CONNECTED replaced by its DISCONNECTED."""
+    held_set = set(held)
+    return {
+        "notice_starts_disconnected": max(0, _starts_disconnected(history) - coalesced),
         "notice_held_not_connected": sum(
             1 for s in held_set if not history.get(s) or history[s][-1] != CONNECTED
         ),
+        "notice_given_up_not_disconnected": sum(
+            1 for s, e in history.items() if s not in held_set and e[-1] != DISCONNECTED
+        ),
     }
-    key = "notice_connected_after_stop" if stopped else "notice_given_up_not_disconnected"
-    counts[key] = sum(1 for s, e in history.items() if s not in held_set and e[-1] != DISCONNECTED)
-    return counts
+
+
+def notice_counts_after_stop(
+    history: Mapping[str, Sequence[str]], before: Mapping[str, Sequence[str]]
+) -> dict[str, int]:
+    """The notice invariants once the planned stop ended the node: nothing is held, so every
+    session ends on DISCONNECTED, and none the server had not heard of before the stop
+    (`before`: the history read then) starts on it. Keys of their own, so they do not hide the
+    counts read before the stop."""
+    new = {s: e for s, e in history.items() if s not in before}
+    return {
+        "notice_starts_disconnected_after_stop": _starts_disconnected(new),
+        "notice_connected_after_stop": sum(1 for e in history.values() if e[-1] != DISCONNECTED),
+    }
+
+
+def _starts_disconnected(history: Mapping[str, Sequence[str]]) -> int:
+    return sum(1 for e in history.values() if e[0] == DISCONNECTED)
+
+
+def peer_kill_counts(
+    kills: Iterable[Any], reports: Mapping[str, Mapping[str, Any]]
+) -> dict[str, int]:
+    """Per `peer_kill` (its `owned` and `left_connected` sessions): a node killed without a
+    stop leaves the server believing exactly the sessions it owned are CONNECTED (no
+    DISCONNECTED can be sent for them), and each of their agents must end holding a newer
+    session than the one it lost."""
+    agents = owner_of_sessions(reports)
+    mismatched = stranded = 0
+    for kill in kills:
+        mismatched += len(kill.owned ^ kill.left_connected)
+        for session in kill.left_connected:
+            report = reports.get(agents.get(session, ""))
+            sessions = [] if report is None else list(report["sessions"])
+            current = "" if report is None else report["current"]
+            newer = session in sessions and current in sessions[sessions.index(session) + 1 :]
+            stranded += 0 if newer else 1
+    return {
+        "peer_kill_left_connected_not_owned": mismatched,
+        "peer_kill_agents_without_newer_session": stranded,
+    }
 
 
 def registry_counts(

@@ -1,13 +1,15 @@
-"""The soak's fault schedule: a pure function of a seed, the run's length and its fleet size.
+"""The soak's fault schedule: a pure function of a seed, the run's length, its fleet size and
+its number of nodes.
 
 Two streams, both drawn from one `random.Random(seed)`:
 
 - faults, one at a time and at least `FAULT_GAP_S` apart, between the warm-up (the fleet joins)
   and the quiet tail (the fleet settles before the checks and the planned stop). Every kind of
-  `FAULT_KINDS` comes once, in a drawn order, before any kind comes again, so a short run still
-  meets each fault; kills of `gateway_sup`'s permanent children stay at `ROOT_KILLS_PER_WINDOW`
-  in any `ROOT_WINDOW_S` (the root's own intensity, 10 in 60 s, is the node giving up on
-  purpose, which tests/integration/test_root_intensity.py covers);
+  `kinds(nodes)` (`FAULT_KINDS`, and `CLUSTER_KINDS` with two nodes) comes once, in a drawn
+  order, before any kind comes again, so a short run still meets each fault; kills of
+  `gateway_sup`'s permanent children stay at `ROOT_KILLS_PER_WINDOW` in any `ROOT_WINDOW_S`
+  (the root's own intensity, 10 in 60 s, is the node giving up on purpose, which
+  tests/integration/test_root_intensity.py covers);
 - operators' commands: a targeted SendCommand or a broadcast about every `COMMAND_EVERY_S`,
   over the whole run but the tail, so commands are in flight across every fault.
 
@@ -44,6 +46,11 @@ FAULT_KINDS = (
     UPSTREAM_RESTART,
     SHEDDER_OVER,
 )
+# The two-node variant's: the cluster link between the nodes cut (both ways, every byte dropped)
+# for a hold, and node b SIGKILLed, then started again after a hold.
+LINK_CUT = "link_cut"
+PEER_KILL = "peer_kill"
+CLUSTER_KINDS = (LINK_CUT, PEER_KILL)
 # The registered name each kill of a permanent child of gateway_sup ends.
 ROOT_KILLS = {
     REGISTRY_KILL: "registry",
@@ -52,7 +59,7 @@ ROOT_KILLS = {
     HEARTBEAT_BUFFER_KILL: "heartbeat_buffer",
 }
 # The faults that last `hold_s`.
-HELD = (UPSTREAM_DROP, UPSTREAM_STALL, SHEDDER_OVER)
+HELD = (UPSTREAM_DROP, UPSTREAM_STALL, SHEDDER_OVER, LINK_CUT, PEER_KILL)
 COMMAND = "command"
 BROADCAST = "broadcast"
 
@@ -60,9 +67,9 @@ WARMUP_S = 15.0
 TAIL_S = 20.0
 FAULT_GAP_S = 6.0
 FAULT_JITTER_S = 1.5
-# A drop, a stall or the memory over the shedder's mark lasts this long (drawn in the range):
-# longer than a heartbeat flush and a few breaker failures, shorter than the agents' Register
-# deadline.
+# A drop, a stall, the memory over the shedder's mark, a cut link or a killed peer lasts this
+# long (drawn in the range): longer than a heartbeat flush and a few breaker failures, shorter
+# than the agents' Register deadline.
 HOLD_S = (2.0, 5.0)
 ROOT_WINDOW_S = 60.0
 ROOT_KILLS_PER_WINDOW = 4
@@ -102,6 +109,11 @@ class Schedule:
         return tuple(sorted((*self.faults, *self.commands), key=lambda f: (f.at_s, f.kind)))
 
 
+def kinds(nodes: int) -> tuple[str, ...]:
+    """The fault kinds of a soak of `nodes` nodes (one or two)."""
+    return FAULT_KINDS + (CLUSTER_KINDS if nodes > 1 else ())
+
+
 def mass_kill_size(agents: int) -> int:
     return max(1, min(MASS_KILL_MAX, int(agents * MASS_KILL_SHARE)))
 
@@ -120,7 +132,7 @@ def _fault(rng: random.Random, kind: str, at_s: float, agents: int, cycle: int) 
     return Fault(at_s, kind, cycle=cycle)
 
 
-def _faults(rng: random.Random, duration_s: float, agents: int) -> tuple[Fault, ...]:
+def _faults(rng: random.Random, duration_s: float, agents: int, nodes: int) -> tuple[Fault, ...]:
     faults: list[Fault] = []
     root_kills: list[float] = []
     bag: list[str] = []
@@ -129,7 +141,7 @@ def _faults(rng: random.Random, duration_s: float, agents: int) -> tuple[Fault, 
     end = duration_s - TAIL_S
     while at_s <= end:
         if not bag:
-            bag = list(FAULT_KINDS)
+            bag = list(kinds(nodes))
             rng.shuffle(bag)
             cycle += 1
         # The first kind of the bag that the root's window allows now; none: a kill of owners.
@@ -160,12 +172,15 @@ def _commands(rng: random.Random, duration_s: float, agents: int) -> tuple[Fault
     return tuple(commands)
 
 
-def build(seed: int, duration_s: float, agents: int) -> Schedule:
-    """The schedule of a run of `duration_s` seconds with `agents` agents, drawn from `seed`."""
+def build(seed: int, duration_s: float, agents: int, nodes: int = 1) -> Schedule:
+    """The schedule of a run of `duration_s` seconds with `agents` agents on `nodes` nodes,
+    drawn from `seed`."""
     if duration_s < WARMUP_S + TAIL_S:
         raise ValueError(f"a soak needs at least {WARMUP_S + TAIL_S:.0f} s")
     if agents < 1:
         raise ValueError("a soak needs at least one agent")
+    if nodes not in (1, 2):
+        raise ValueError("a soak runs one node or two")
     rng = random.Random(seed)
-    faults = _faults(rng, duration_s, agents)
+    faults = _faults(rng, duration_s, agents, nodes)
     return Schedule(seed, duration_s, faults, _commands(rng, duration_s, agents))

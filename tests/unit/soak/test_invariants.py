@@ -17,19 +17,63 @@ def test_a_recovered_owner_and_a_repeat_are_not_faults() -> None:
         [("s1", C), ("s2", C), ("s1", D), ("s1", C), ("s1", D), ("s1", D)]
     )
     assert repeats == 1
-    assert not any(inv.notice_counts(history, ["s2"], stopped=False).values())
+    assert not any(inv.notice_counts(history, ["s2"]).values())
 
 
 def test_each_broken_notice_rule_is_counted() -> None:
     history, _ = inv.notice_history([("gone", C), ("held", C), ("held", D), ("early", D)])
-    counts = inv.notice_counts(history, ["held", "silent"], stopped=False)
+    counts = inv.notice_counts(history, ["held", "silent"])
     assert counts == {
         "notice_starts_disconnected": 1,  # early
         "notice_held_not_connected": 2,  # held ended on D, silent has none
         "notice_given_up_not_disconnected": 1,  # gone
     }
-    after = inv.notice_counts(history, ["held"], stopped=True)
-    assert after["notice_connected_after_stop"] == 1  # gone: nothing held once stopped
+
+
+def test_a_start_on_disconnected_counts_beyond_what_the_node_coalesced() -> None:
+    # "early": its CONNECTED, still held, was replaced by its DISCONNECTED (seed: "Stream
+    # Status Notification", Keys): the node counted that replacement.
+    history, _ = inv.notice_history([("early", D), ("early", C), ("other", D)])
+    assert inv.notice_counts(history, ["early"], coalesced=1)["notice_starts_disconnected"] == 1
+    assert inv.notice_counts(history, ["early"], coalesced=2)["notice_starts_disconnected"] == 0
+    assert inv.notice_counts(history, ["early"], coalesced=5)["notice_starts_disconnected"] == 0
+
+
+def test_the_counts_after_the_stop_do_not_overwrite_those_before_it() -> None:
+    # Before the stop: "early" started on D. The stop's own D for "late", whose CONNECTED was
+    # still held and was replaced, is the first the server hears of it; "gone" is still
+    # CONNECTED once the node has ended.
+    before, _ = inv.notice_history([("gone", C), ("early", D)])
+    after, _ = inv.notice_history([("gone", C), ("early", D), ("late", D)])
+    counts = inv.notice_counts(before, [])
+    counts.update(inv.notice_counts_after_stop(after, before))
+    assert counts == {
+        "notice_starts_disconnected": 1,
+        "notice_held_not_connected": 0,
+        "notice_given_up_not_disconnected": 1,
+        "notice_starts_disconnected_after_stop": 1,  # late; early is counted before
+        "notice_connected_after_stop": 1,
+    }
+
+
+def test_a_killed_peer_leaves_connected_exactly_what_it_owned_and_its_agents_move_on() -> None:
+    reports = {
+        "a": {"current": "a2", "sessions": ["a1", "a2"]},  # moved on to a newer session
+        "b": {"current": "b1", "sessions": ["b1"]},  # still on the killed node's session
+        "c": {"current": "", "sessions": ["c1", "c2"]},  # between two sessions
+    }
+    kill = SimpleNamespace(owned=frozenset({"a1", "b1", "c1"}), left_connected=frozenset())
+    assert inv.peer_kill_counts([kill], reports) == {
+        "peer_kill_left_connected_not_owned": 3,
+        "peer_kill_agents_without_newer_session": 0,
+    }
+    kill = SimpleNamespace(
+        owned=frozenset({"a1", "b1", "c1"}), left_connected=frozenset({"a1", "b1", "c1", "x"})
+    )
+    assert inv.peer_kill_counts([kill], reports) == {
+        "peer_kill_left_connected_not_owned": 1,  # x: not in the owner table
+        "peer_kill_agents_without_newer_session": 3,  # b, c and x's unknown agent
+    }
 
 
 def test_a_superseded_session_left_in_the_registry_is_counted() -> None:

@@ -73,3 +73,26 @@ def test_commands_run_throughout_and_name_real_agents(
 def test_a_run_too_short_is_refused() -> None:
     with pytest.raises(ValueError, match="at least"):
         sched.build(1, sched.WARMUP_S + sched.TAIL_S - 1, 10)
+
+
+@given(seeds, fleets)
+@settings(max_examples=50, deadline=None)
+def test_the_cluster_faults_come_only_with_two_nodes(seed: int, agents: int) -> None:
+    one = {f.kind for f in sched.build(seed, 600.0, agents).faults}
+    assert not one & set(sched.CLUSTER_KINDS)
+    # A three-minute two-node run meets every kind, the cluster's included, each held 2-5 s.
+    plan = sched.build(seed, 180.0, agents, nodes=2)
+    assert {f.kind for f in plan.faults if f.cycle == 0} == set(sched.kinds(2))
+    assert all(
+        sched.HOLD_S[0] <= f.hold_s <= sched.HOLD_S[1]
+        for f in plan.faults
+        if f.kind in sched.CLUSTER_KINDS
+    )
+
+
+def test_a_single_node_schedule_does_not_depend_on_the_cluster_kinds() -> None:
+    # The same seed replays the same single-node run it did before there were two nodes.
+    assert sched.build(21, 120.0, 500) == sched.build(21, 120.0, 500, nodes=1)
+    assert sched.build(21, 120.0, 500) != sched.build(21, 120.0, 500, nodes=2)
+    with pytest.raises(ValueError, match="one node or two"):
+        sched.build(21, 120.0, 500, nodes=3)
