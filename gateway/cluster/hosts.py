@@ -82,7 +82,6 @@ class HostPlan:
     own_ports: tuple[int, ...]
     _adverts: dict[str, set[HostAdvert]] = attrs.field(init=False, factory=dict)
     _silent: set[str] = attrs.field(init=False, factory=set)
-    _reported: dict[str, tuple[int, ...]] = attrs.field(init=False, factory=dict)
     _gaps: dict[str, tuple[int, ...]] = attrs.field(init=False, factory=dict)
 
     def learn(self, addr: PeerAddr, advert: HostAdvert) -> bool:
@@ -140,10 +139,8 @@ class HostPlan:
     def report(self, dialled: Iterable[PeerAddr]) -> dict[str, tuple[int, ...]]:
         """The gaps of `dialled` (kept for `current_gaps`), those not reported as they are yet
         (to be said once each; a gap that closes and opens again is said again)."""
-        self._gaps = self.gaps(dialled)
-        fresh = {h: m for h, m in self._gaps.items() if self._reported.get(h) != m}
-        self._reported = dict(self._gaps)
-        return fresh
+        previous, self._gaps = self._gaps, self.gaps(dialled)
+        return {h: m for h, m in self._gaps.items() if previous.get(h) != m}
 
     def current_gaps(self) -> Mapping[str, tuple[int, ...]]:
         return self._gaps

@@ -326,17 +326,25 @@ async def gateway_node(
     ports = gateway_config(
         config, agents, fake_port, production_admission=production_admission, nodes=nodes
     )
-    async with contextlib.AsyncExitStack() as stack:
-        processes = [
-            await stack.enter_async_context(
-                running_gateway(workdir, config, ports["health"], node=(k, nodes))
-            )
-            for k in range(1, nodes + 1)
-        ]
+    async with running_nodes(workdir, config, ports["health"], nodes) as processes:
         first, *others = (process.pid for process in processes)
         yield Server(
             first, ports["agent"], ports["metrics"], ports["health"], config, tuple(others)
         )
+
+
+@contextlib.asynccontextmanager
+async def running_nodes(
+    workdir: Path, config: Path, health_port: int, nodes: int
+) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """`running_gateway` for each of a host's `nodes`, node 1 first; yields once all are ready."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                running_gateway(workdir, config, health_port, node=(k, nodes))
+            )
+            for k in range(1, nodes + 1)
+        ]
 
 
 def node_env(node: tuple[int, int]) -> dict[str, str]:

@@ -53,7 +53,7 @@ from tests.bench.agents import (
     Wave,
     default_loadgens,
     progress,
-    running_gateway,
+    running_nodes,
     sample,
     scrape,
     stall_buckets,
@@ -140,13 +140,7 @@ async def reconnect_storm(held: Held, agents: int, quiet: bool) -> dict[str, Any
     started = time.perf_counter()
     for pid in server.pids:
         os.kill(pid, signal.SIGKILL)
-    async with contextlib.AsyncExitStack() as stack:
-        processes = [
-            await stack.enter_async_context(
-                running_gateway(held.workdir, config, health_port, node=(k, nodes))
-            )
-            for k in range(1, nodes + 1)
-        ]
+    async with running_nodes(held.workdir, config, health_port, nodes) as processes:
         ready_s = time.perf_counter() - started
         outcome = await held.generators.joined(START_TIMEOUT_S + agents / 20.0)
         back_s = time.perf_counter() - started

@@ -41,7 +41,7 @@ from gateway.config.cluster_seeds import PeerAddr
 from gateway.console.client import one_shot
 from gateway.devstack.fake_upstream import FakeUpstream
 from tests.integration import test_multinode as multinode
-from tests.integration.test_cluster_processes import Ports, ProcNode, proc_env, stop_all
+from tests.integration.test_cluster_processes import Ports, ProcNode, kill_all, proc_env, stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -140,11 +140,7 @@ def test_a_one_node_host_and_a_three_node_host_form_a_full_mesh(tmp_path: Path) 
                     assert "does not advertise" not in node.log()
                 await stop_all(nodes)
             finally:
-                for node in nodes:
-                    node.kill()
-                for node in nodes:
-                    if node.proc is not None:
-                        await node.proc.wait()
+                await kill_all(nodes)
 
     asyncio.run(asyncio.wait_for(body(), 80))
 

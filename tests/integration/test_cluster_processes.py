@@ -214,11 +214,7 @@ async def two_clusters(
                     await multinode.until(formed, f"{node.name} in its cluster", FORM_S)
             yield alpha, beta, fake
         finally:
-            for node in nodes:
-                node.kill()
-            for node in nodes:
-                if node.proc is not None:
-                    await node.proc.wait()
+            await kill_all(nodes)
 
 
 @contextlib.asynccontextmanager
@@ -347,6 +343,15 @@ async def check_kill_mid_broadcast(alpha: list[ProcNode], held: dict[str, list[A
         return [await node.peers() for node in (origin, survivor)] == [1, 1]
 
     await multinode.until(dropped, "the survivors to drop the killed node", FORM_S)
+
+
+async def kill_all(nodes: Sequence[ProcNode]) -> None:
+    """SIGKILL every node still running and reap it (a test's cleanup, whatever happened)."""
+    for node in nodes:
+        node.kill()
+    for node in nodes:
+        if node.proc is not None:
+            await node.proc.wait()
 
 
 async def stop_all(nodes: Sequence[ProcNode]) -> None:

@@ -32,7 +32,7 @@ from gateway.devstack.fake_upstream import FakeUpstream
 from gateway.mgmt.command import NODE_UNREACHABLE
 from protos.yuzu.agent.v1 import agent_pb2
 from tests.integration import test_multinode as multinode
-from tests.integration.test_cluster_processes import Ports, ProcNode, proc_env
+from tests.integration.test_cluster_processes import Ports, ProcNode, kill_all, proc_env
 from tests.integration.test_management_plane import collect, command, operator
 from tests.integration.test_multinode import Agent
 
@@ -121,11 +121,7 @@ async def three_nodes(tmp_path: Path) -> AsyncIterator[list[ProcNode]]:
             await formed(nodes)
             yield nodes
         finally:
-            for node in nodes:
-                node.kill()
-            for node in nodes:
-                if node.proc is not None:
-                    await node.proc.wait()
+            await kill_all(nodes)
 
 
 async def formed(nodes: list[ProcNode]) -> None:
