@@ -54,8 +54,9 @@ def test_a_small_full_replay_replays_every_session_within_the_permits() -> None:
     assert result["bare_unsuccessful"] == 0
     assert result["bare_peak_in_flight"] == 24
     assert result["bare_elapsed_s"] >= result["bound_s"] * 0.9
+    # The times are rounded to 0.1 ms, a few parts in a thousand of a run this short.
     assert result["ratio_vs_bare"] == pytest.approx(
-        result["elapsed_s"] / result["bare_elapsed_s"], abs=0.002
+        result["elapsed_s"] / result["bare_elapsed_s"], rel=0.01
     )
     assert result["gateway_cpu_s"] > 0 and result["bare_gateway_cpu_s"] > 0
     assert set(result["targets_met"]) == {
