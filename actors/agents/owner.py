@@ -10,10 +10,12 @@ its effects:
                     (the stream already ended, another owner holds the session): ReleaseTaken
     RegisterSession OwnerUp to the registry, which is watched until it answers
     WriteRow        this owner's row in the owner table (actors/agents/api.py)
-    Announce        Notify to `upstream` (CONNECTED also logs "Agent <id> connected from <addr>")
+    Announce        Notify posted into the notification hold for `upstream` (CONNECTED also
+                    logs "Agent <id> connected from <addr>")
     Stop            end `normal` (a message to itself while still in `init`)
-    SettleDisconnected / PresentSession   to `upstream` (actors/upstream/api.py) while
-                    recovering; DisconnectSettled / SessionPresented come back
+    SettleDisconnected / PresentSession   posted (the first) and sent (the second) to
+                    `upstream` (actors/upstream/api.py) while recovering;
+                    DisconnectSettled / SessionPresented come back
     terminate       `finish`: exactly one DISCONNECTED, the row deleted, Unregister, waiting
                     commands failed, the stream closed unless the agent went away (a crash
                     leaves the row, the DISCONNECTED and the stream to the restarted owner);
@@ -106,6 +108,7 @@ from actors.upstream.api import (
     ForwardGuardian,
     Notify,
     SessionPresented,
+    post,
 )
 from actors.upstream.api import PresentSession as PresentRequest
 from actors.upstream.api import SettleDisconnected as SettleRequest
@@ -121,7 +124,7 @@ log = logging.getLogger("yuzu_gw.agent")
 
 # L05, as the seed quotes it; both values are cut to 128 bytes with controls as "?" (log_text).
 CONNECTED_LOG = "Agent %s connected from %s"
-_NOT_SENT_LOG = "Stream-status notification (%s) not sent: the upstream process is not running%s"
+_NOT_SENT_LOG = "Stream-status notification (%s) not sent: there is no notification hold%s"
 # One line a second at most: a restarting upstream while thousands of agents come and go must
 # not flood the log (the count of held-back lines follows).
 _not_sent = WarnLimiter(1.0)
@@ -366,12 +369,9 @@ class AgentOwner(Process):
     def _settle(self, stream_home_id: str) -> None:
         """The dead predecessor's DISCONNECTED, answered `DisconnectSettled` once settled."""
         notify = self._notification(Event.DISCONNECTED, stream_home_id)
-        upstream = self.runtime.whereis(UPSTREAM_NAME)
-        if upstream is None:
+        if not post(self.runtime, SettleRequest(notify), self.myAddress):
             self._not_sent(Event.DISCONNECTED)
             self._apply(self.life.settled())  # lost: nothing to wait for
-            return
-        self.send(upstream, SettleRequest(notify))
 
     def _present(self) -> None:
         request = self.args.register
@@ -479,11 +479,11 @@ class AgentOwner(Process):
         self._tell_upstream(event, notify)
 
     def _tell_upstream(self, event: Event, notify: Notify) -> None:
-        upstream = self.runtime.whereis(UPSTREAM_NAME)
-        if upstream is None:
+        # Posted into the notification hold, which outlives the upstream actor: a restart of
+        # it does not lose the notification (actors/upstream/api.py).
+        if not post(self.runtime, notify, self.myAddress):
             self._not_sent(event)
             return
-        self.send(upstream, notify)
         self._told = notify
 
     def _announced(self, announce: Announce) -> bool:
@@ -505,8 +505,7 @@ class AgentOwner(Process):
         return Notify(args.agent_id, args.session_id, stream_home_id, event, self._peer)
 
     def _not_sent(self, event: Event) -> None:
-        # The held store lives in the upstream process: with it down the notification is
-        # lost, as the seed says of an upstream restart ("Volatile").
+        # No notification hold (a node tree without one): nothing would ever send it.
         suffix = _not_sent.admit(event, self.now())
         if suffix is not None:
             log.warning(_NOT_SENT_LOG, event.value, suffix)

@@ -554,6 +554,16 @@ class NotifyStore:
         removed, _marked = self._retry.cancel_session((agent_id, session_id))
         return [self._count(UNACKED_ENDED, outcome="superseded") for _ in removed]
 
+    def adopt(self, now: float) -> list[NotifyEffect]:
+        """A new `upstream` actor takes this store over from one that ended: the sends its
+        predecessor had out will never report (their workers ended with it), so each is a failed
+        send, held again in the order it went (during a stop's flush: lost{shutdown}). Nobody
+        knows whether the server got them: a resend may repeat a notice, never lose one."""
+        effects: list[NotifyEffect] = []
+        for token in sorted(self._out, reverse=True):  # the oldest back at the head
+            effects += self.sent_failed(token, now)
+        return effects
+
     # -- the drain ---------------------------------------------------------------------------
 
     def drain(

@@ -12,7 +12,8 @@ hands every other message to the lane that owns it.
   to half open on time; the effects are the transition lines (never rate limited), the state
   published in the protected table `upstream_state` (key `breaker`, read by callers, `/readyz`
   and metrics without a message) and the breaker metrics.
-- Stream-status notifications (actors/upstream/notify.py): `Notify` from the agent owners, the
+- Stream-status notifications (actors/upstream/notify.py): `Notify` posted by the agent owners
+  into the notification hold (taken on `NotificationsPosted` and at the start), the
   held store's workers and timers, the half-open probe (a transition to closed and the breaker's
   ProbeReady start a drain), and the planned-stop flush (`FlushNotifications`, `RaiseNotifyCap`).
 - Guardian forwards (actors/upstream/guardian.py): `ForwardGuardian` from the agent owners.
@@ -67,9 +68,11 @@ from actors.upstream.api import (
     UPSTREAM_NAME,
     CallFailed,
     ForwardGuardian,
+    NotificationsPosted,
     Notify,
     PresentSession,
     SettleDisconnected,
+    notify_hold,
 )
 from actors.upstream.guardian import GuardianLane, GuardianWork
 from actors.upstream.lane import CallResult, class_and_why
@@ -234,7 +237,10 @@ class Upstream(Process):
         self.limiter = WarnLimiter()
         self._poll_timer: Any = None
         # The lanes before the first effects: a transition drains the notification lane.
-        self.notify = NotifyLane(self, args.notify, args.rpc_timeout_s, self.metrics.notify)
+        self.hold = notify_hold(self.runtime)
+        self.notify = NotifyLane(
+            self, args.notify, args.rpc_timeout_s, self.metrics.notify, self.hold
+        )
         self.guardian = GuardianLane(self, args.rpc_timeout_s, self.metrics.guardian)
         self.replay = ReplayLane(self, args.replay, replay_metrics(args.registry), self.notify)
         self.notify.replay_active = lambda: self.replay.active
@@ -244,9 +250,13 @@ class Upstream(Process):
         self.stopping = False
         self.notify.on_settled = self.recovery.on_settled
         self.perform([self.breaker.published()])
+        # What the owners posted while no actor ran, then what a predecessor held.
+        self._take_posts()
+        self.notify.drain()
 
     def terminate(self, reason: ExitReason) -> None:
-        # The store is memory only and dies here; its gauges must not report it afterwards.
+        # The store stays in the notification hold for the next actor; the gauges must not
+        # report it while none runs.
         self.notify.detach()
         self.guardian.detach()
         self.replay.detach()
@@ -259,6 +269,8 @@ class Upstream(Process):
                 self._on_outcome(msg)
             case CallFailed(method=method, kind=kind, status=status, detail=detail):
                 self._count_and_log(kind, method, status, detail)
+            case NotificationsPosted():
+                self._take_posts()
             case Notify():
                 self.notify.on_notify(msg)
             case ForwardGuardian():
@@ -310,6 +322,16 @@ class Upstream(Process):
             **self.replay.status(),
             **self.recovery.status(),
         }
+
+    def _take_posts(self) -> None:
+        """The owners' posts in the notification hold, in the order posted."""
+        if self.hold is None:
+            return
+        for msg, sender in self.hold.take():
+            if isinstance(msg, Notify):
+                self.notify.on_notify(msg)
+            else:
+                self.recovery.on_settle(msg, sender)
 
     # -- the breaker shell --
 

@@ -16,6 +16,13 @@ the answers (seed: "When an agent's owner process crashes", step 3; docs/owner-r
     owner -> upstream   PresentSession(...)            ProxyRegister with the session id
     upstream -> owner   SessionPresented               the server's answer, or why none
 
+The notification hold (`notify_hold`, a public table owned by the root supervisor, so it
+outlives the `upstream` actor's restarts): the held store (`NotifyStore`, adopted by each new
+`upstream` actor) and the inbox the owners post their `Notify` and `SettleDisconnected` into.
+An owner wakes the actor with `NotificationsPosted` when its post finds the inbox empty; the
+actor takes the whole inbox, in order, on that wake and when it starts. A notification posted
+while the actor restarts, or left in a killed actor's mailbox, is therefore not lost.
+
 The contract between the upstream channel and its callers.
 
 A call either returns the decoded response or raises `UpstreamCallError`, whose `kind`
@@ -31,6 +38,7 @@ The GatewayUpstream methods the gateway calls (gRPC routes on the full path).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar
 
@@ -38,7 +46,7 @@ import attrs
 from google.protobuf.message import Message
 
 from actors.core.breaker import ResultKind
-from actors.core.notify_store import Event, SettledOutcome
+from actors.core.notify_store import Event, NotifyStore, SettledOutcome
 from actors.core.permits import Caller
 from actors.registry.api import OWNERS_TABLE
 from protos.yuzu.agent.v1 import agent_pb2
@@ -46,7 +54,9 @@ from supervisors.address import Address
 from supervisors.errors import TableGone
 
 if TYPE_CHECKING:
+    from supervisors.process import Process
     from supervisors.runtime import LoopSystemBase
+    from supervisors.table import Table
 
 UPSTREAM_NAME: Final = "upstream"
 REGULATOR_NAME: Final = "upstream_regulator"
@@ -73,6 +83,62 @@ class Notify:
     stream_home_id: str
     event: Event
     peer_addr: str = attrs.field(repr=False)
+
+
+@attrs.frozen
+class NotificationsPosted:
+    """Tell (an owner, to `upstream`): the notification hold's inbox has posts to take."""
+
+
+# The single key of the `notify_hold` table.
+NOTIFY_HOLD_TABLE: Final = "notify_hold"
+_HOLD_KEY: Final = "hold"
+
+
+@attrs.define(eq=False)
+class NotifyHold:
+    """What outlives an `upstream` actor: its held store (None until the first actor starts)
+    and the posts no actor has taken yet, each with the owner that posted it."""
+
+    store: NotifyStore | None = None
+    inbox: deque[tuple[Notify | SettleDisconnected, Address]] = attrs.field(factory=deque)
+
+    def take(self) -> list[tuple[Notify | SettleDisconnected, Address]]:
+        posts = list(self.inbox)
+        self.inbox.clear()
+        return posts
+
+
+def create_notify_hold(process: Process) -> Table[str, NotifyHold]:
+    """Create the public notification hold, owned by `process` (the root supervisor)."""
+    table: Table[str, NotifyHold] = process.new_table(NOTIFY_HOLD_TABLE, "public")
+    table.insert(_HOLD_KEY, NotifyHold())
+    return table
+
+
+def notify_hold(runtime: LoopSystemBase) -> NotifyHold | None:
+    """The node's notification hold, or None (no table: a test tree without one)."""
+    table = runtime.table(NOTIFY_HOLD_TABLE)
+    if table is None:
+        return None
+    try:
+        hold: NotifyHold | None = table.get(_HOLD_KEY)
+    except TableGone:
+        return None
+    return hold
+
+
+def post(runtime: LoopSystemBase, msg: Notify | SettleDisconnected, sender: Address) -> bool:
+    """Post `msg` for the `upstream` actor, waking it if the inbox was empty. False: there is
+    no hold, so nothing will take it."""
+    hold = notify_hold(runtime)
+    if hold is None:
+        return False
+    wake = not hold.inbox
+    hold.inbox.append((msg, sender))
+    if wake and (upstream := runtime.whereis(UPSTREAM_NAME)) is not None:
+        runtime.send(sender, upstream, NotificationsPosted())
+    return True
 
 
 @attrs.frozen

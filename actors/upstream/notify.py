@@ -57,7 +57,7 @@ from actors.core.slow_server import LaneFlag, SlowLane
 from actors.core.warn_limit import WarnLimiter
 from actors.effects import carry_out
 from actors.registry.api import OWNERS_TABLE
-from actors.upstream.api import NOTIFY_STREAM_STATUS, Notify
+from actors.upstream.api import NOTIFY_STREAM_STATUS, Notify, NotifyHold
 from actors.upstream.lane import (
     CallResult,
     LaneHost,
@@ -193,14 +193,27 @@ class NotifyLane:
     `rpc_timeout_s` (upstream_rpc_timeout_ms)."""
 
     def __init__(
-        self, host: LaneHost, args: NotifyArgs, rpc_timeout_s: float, metrics: NotifyMetrics
+        self,
+        host: LaneHost,
+        args: NotifyArgs,
+        rpc_timeout_s: float,
+        metrics: NotifyMetrics,
+        hold: NotifyHold | None,
     ) -> None:
         self.host = host
         self.rpc_timeout_s = rpc_timeout_s
         self.gateway_node = args.gateway_node
         self.cluster_id = args.cluster_id
         self.metrics = metrics
-        self.store = NotifyStore(args.policy, uniform=random.Random().uniform)
+        # The store lives in the node's notification hold, so a restarted actor sends what its
+        # predecessor held (`adopt`, below); without a hold it is this actor's own.
+        adopted = hold is not None and hold.store is not None
+        if hold is not None and hold.store is not None:
+            self.store = hold.store
+        else:
+            self.store = NotifyStore(args.policy, uniform=random.Random().uniform)
+            if hold is not None:
+                hold.store = self.store
         self.replays_armed = 0
         # The replay lane's hooks (actors/upstream/replay.py), set by the `upstream` actor.
         self.replay_active: Callable[[], bool] = lambda: False
@@ -219,11 +232,15 @@ class NotifyLane:
         # Every slot held is the `notify` lane's saturation (the slow-server sampler, CB-17).
         self._saturation = LaneFlag(SlowLane.NOTIFY, host.table.insert)
         metrics.watch(lambda: self.store.gauges(host.now()))
+        if adopted:
+            now = host.now()
+            self._carry_out(self.store.adopt(now), now)
 
     def detach(self) -> None:
-        """The actor is ending: the gauges describe the current actor only (seed: "Volatile").
-        After a planned-stop flush, a send still out never gets its result: it is counted as a
-        failed send of the stop (lost{shutdown}), so a frozen server's notices are all counted."""
+        """The actor is ending: the gauges describe a running actor's store only. After a
+        planned-stop flush, a send still out never gets its result: it is counted as a failed
+        send of the stop (lost{shutdown}), so a frozen server's notices are all counted. Any
+        other send out is left to the next actor's `adopt`."""
         if self.store.mode is Mode.STOPPED:
             now = self.host.now()
             for token in list(self.store.in_flight()):

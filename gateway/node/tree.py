@@ -16,6 +16,7 @@ from actors.agents.watch import create_watch_table
 from actors.registry.api import ConnectionDown, registry_address
 from actors.router.api import ROUTER_NAME
 from actors.upstream.actor import readiness_checks
+from actors.upstream.api import create_notify_hold
 from gateway.agent.service import MODULE as AGENT_SERVICE_MODULE
 from gateway.agent.service import agent_service
 from gateway.cluster.actor import cluster_child_spec
@@ -86,6 +87,8 @@ class GatewaySup(Supervisor):
         create_owner_table(self)
         # WatchEvents' watchers, which the owners publish to: the root's, like the owner table.
         create_watch_table(self)
+        # The held notifications and the owners' posts outlive the upstream actor's restarts.
+        create_notify_hold(self)
         return SupSpec(
             SupFlags("one_for_one", ROOT_INTENSITY, ROOT_PERIOD_S),
             (

@@ -17,9 +17,18 @@ from prometheus_client import CollectorRegistry
 from actors.core.breaker import State
 from actors.core.notify_store import Event
 from actors.registry.api import OWNERS_TABLE
-from actors.upstream.actor import breaker_view
-from actors.upstream.api import CHANNEL_ACTOR_NAME, ForwardGuardian, Notify, upstream_channel
+from actors.upstream.actor import Upstream, breaker_view
+from actors.upstream.api import (
+    CHANNEL_ACTOR_NAME,
+    UPSTREAM_NAME,
+    ForwardGuardian,
+    Notify,
+    create_notify_hold,
+    post,
+    upstream_channel,
+)
 from gateway.devstack.fake_upstream import Call, FakeUpstream
+from gateway.node.children.upstream import upstream_args
 from gateway.upstream.channel_actor import UpstreamChannelActor
 from protos.yuzu.agent.v1 import agent_pb2
 from protos.yuzu.gateway.v1 import gateway_pb2
@@ -214,6 +223,43 @@ async def test_held_while_the_server_fails_then_only_the_disconnected_after_the_
         assert sample(registry, "yuzu_gw_upstream_notify_requeued_total") == 5
         errors = "yuzu_gw_upstream_rpc_errors_total"
         assert sample(registry, errors, code="unavailable", rpc_name="notify_stream") == 5
+
+
+@actor_test(timeout=60)
+async def test_held_notifications_and_posts_outlive_a_killed_upstream_actor(h: Harness) -> None:
+    # 2,000 notices held (the server frozen: 10 out, the rest queued) when the actor is killed,
+    # 1,000 more posted while none runs: the restarted actor sends every one, none lost.
+    root = h.spawn("root")
+    await h.call(root, create_notify_hold)
+    async with FakeUpstream() as fake:
+        fake.freeze(NOTIFY)
+        actors = await start(h, fake)
+        for n in range(2000):
+            assert post(h.base, notify(n), root)
+        await fake.wait_for(lambda: len(fake.calls(NOTIFY)) == 10, timeout=5.0)
+        h.base.kill(actors.upstream)
+        await h.settle()
+        for n in range(2000, 3000):
+            assert post(h.base, notify(n), root)
+        fake.unfreeze(NOTIFY)
+        h.create(Upstream, upstream_args(actors.ctx), UPSTREAM_NAME)
+
+        def delivered() -> set[str]:
+            return {
+                c.request.session_id for c in fake.calls(NOTIFY) if c.code == grpc.StatusCode.OK
+            }
+
+        await fake.wait_for(lambda: len(delivered()) == 3000, timeout=40.0)
+        registry = actors.ctx.registry
+        await h.wait_until(
+            lambda: sample(registry, "yuzu_gw_upstream_notify_inflight") == 0, 5.0, "answers"
+        )
+        assert delivered() == {notify(n).session_id for n in range(3000)}
+        assert total(registry, LOST) == 0
+        assert total(registry, DROPPED) == 0
+        # The 10 the killed actor had out went again: the server may see those twice, no more.
+        assert len(fake.calls(NOTIFY)) <= 3000 + 2 * 10
+        assert sample(registry, "yuzu_gw_upstream_notify_pending") == 0
 
 
 @actor_test(timeout=30)

@@ -65,8 +65,6 @@ from actors.memory.api import shedding_now
 BALLAST_MARGIN_BYTES = 64 * 2**20
 NOTIFY_PENDING = "yuzu_gw_upstream_notify_pending"
 INFLIGHT = "yuzu_gw_upstream_notify_inflight"
-# How long an upstream kill waits for the held notifications to drain.
-DRAIN_S = 60.0
 # How long the shedder may take to notice either way: many of its samples.
 SHEDDER_NOTICE_S = 10.0
 
@@ -145,7 +143,7 @@ class Faults:
                 await self.stack.eval(KILL_OWNERS.format(seed=seed, count=event.size))
                 record.detail["owners"] = event.size
             case sched.UPSTREAM_KILL:
-                record.detail.update(await self._drained())
+                record.detail["notify_held"] = await self._held()
                 await self.stack.eval(KILL_NAMED.format(name=sched.ROOT_KILLS[event.kind]))
             case kind if kind in sched.ROOT_KILLS:
                 await self.stack.eval(KILL_NAMED.format(name=sched.ROOT_KILLS[kind]))
@@ -175,20 +173,11 @@ class Faults:
                 raise ValueError(f"not a fault: {event.kind}")
         record.done = loop.time()
 
-    async def _drained(self) -> dict[str, Any]:
-        """Wait, at most DRAIN_S, until node a holds no stream-status notification. The held
-        ones live in the upstream actor, and a killed one's are lost, uncounted (seed: "What happens
-        when the server restarts": "nothing is counted if the process is killed"), so the kill comes
-        once they are out: at fleet size a fault's wave of notifications takes tens of seconds
-        to drain (docs/dev/benchmarks.md, the soak). What was still held is in the result."""
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        while True:
-            exposition = await self.stack.node.metrics()
-            held = int(metric_sum(exposition, NOTIFY_PENDING) + metric_sum(exposition, INFLIGHT))
-            if held == 0 or loop.time() - began > DRAIN_S:
-                return {"notify_held": held, "drain_wait_s": round(loop.time() - began, 1)}
-            await asyncio.sleep(1.0)
+    async def _held(self) -> int:
+        """The stream-status notifications node a holds as its upstream actor is killed: they
+        outlive it in the notification hold, so the invariants hold them to be sent."""
+        exposition = await self.stack.node.metrics()
+        return int(metric_sum(exposition, NOTIFY_PENDING) + metric_sum(exposition, INFLIGHT))
 
     async def _peer_kill(self, hold_s: float) -> dict[str, int]:
         """SIGKILL node b just after reading its owner table; start it again after `hold_s`."""

@@ -69,15 +69,18 @@ from actors.upstream.api import (
     UPSTREAM_NAME,
     DisconnectSettled,
     ForwardGuardian,
+    NotificationsPosted,
     Notify,
     PresentSession,
     SessionPresented,
     SettleDisconnected,
+    create_notify_hold,
+    notify_hold,
 )
 from gateway.node.children.agents import agent_sup_args, agent_sup_child_spec
 from protos.yuzu.agent.v1 import agent_pb2
 from supervisors.address import Address
-from supervisors.api import count_children, start_child, terminate_child
+from supervisors.api import count_children, restart_child, start_child, terminate_child
 from supervisors.supervisor import ChildSpec, Supervisor, SupFlags, SupSpec
 from tests.support.actors import Args, Child, Harness, actor_test
 from tests.support.fake_channel import upstream_context
@@ -87,12 +90,34 @@ Response = agent_pb2.CommandResponse
 
 
 class Root(Supervisor):
-    """The test tree's root: owns the owner table, as gateway_sup does."""
+    """The test tree's root: owns the owner table and the notification hold, as gateway_sup
+    does."""
 
     def supervisor_spec(self, args: Any) -> SupSpec:
         create_owner_table(self)
+        create_notify_hold(self)
         assert isinstance(args, SupSpec)
         return args
+
+
+class FakeUpstream(Child):
+    """Records what it is told, the owners' posts in the notification hold included (taken on
+    `NotificationsPosted` and when it starts, as the `upstream` actor does)."""
+
+    def init(self, args: Any) -> None:
+        super().init(args)
+        self._take()
+
+    def receiveMessage(self, msg: Any, sender: Address) -> None:
+        if isinstance(msg, NotificationsPosted):
+            self._take()
+        else:
+            super().receiveMessage(msg, sender)
+
+    def _take(self) -> None:
+        hold = notify_hold(self.runtime)
+        assert hold is not None
+        self.inbox.extend(msg for msg, _sender in hold.take())
 
 
 @attrs.define
@@ -184,7 +209,10 @@ def tree(
         (
             ChildSpec(REGISTRY_NAME, registry, RegistryArgs(), name=REGISTRY_NAME),
             ChildSpec(
-                UPSTREAM_NAME, Child, Args(id=UPSTREAM_NAME, inbox=inbox), name=UPSTREAM_NAME
+                UPSTREAM_NAME,
+                FakeUpstream,
+                Args(id=UPSTREAM_NAME, inbox=inbox),
+                name=UPSTREAM_NAME,
             ),
             ChildSpec(
                 AGENT_SUP_NAME,
@@ -256,6 +284,21 @@ async def test_owner_registers_writes_its_row_and_announces_once(h: Harness, cap
     assert owner_row(h.base, "s1") is None
     assert not stream.ended  # nobody to tell: the agent already went away
     assert await t.children() == 0  # a normal end is not restarted (OC-01)
+
+
+@actor_test
+async def test_a_disconnected_posted_while_upstream_restarts_reaches_the_next_one(h: Harness):
+    # The notification hold outlives the upstream actor: an owner ending while it is down
+    # posts its DISCONNECTED there, and the restarted actor takes it as it starts.
+    t = tree(h)
+    owner, _stream = await t.owner()
+    await terminate_child(h.base, t.root, UPSTREAM_NAME)
+    h.tell(owner, StreamClosed())
+    await h.settle()
+    assert [n.event for n in t.notes()] == [Event.CONNECTED]
+    await restart_child(h.base, t.root, UPSTREAM_NAME)
+    await h.settle()
+    assert [n.event for n in t.notes()] == [Event.CONNECTED, Event.DISCONNECTED]
 
 
 @actor_test

@@ -287,6 +287,19 @@ def test_a_newer_notification_supersedes_a_failed_send() -> None:
     assert [(x.agent_id, x.event) for x in s.held()] == [("agent-1", D), ("agent-3", C)]
 
 
+def test_an_adopted_store_holds_its_predecessors_sends_again_in_order() -> None:
+    s = store()
+    for n in range(12):
+        s.offer(note(n), 0.0)
+    out = sends(s.drain(0.0, CLOSED))
+    assert len(out) == 10
+    effects = s.adopt(1.0)
+    assert s.in_flight() == {} and counts(effects, REQUEUED) == [()] * 10
+    assert [n.agent_id for n in s.held()] == [f"agent-{n}" for n in range(12)]
+    again = sends(s.drain(1.0, CLOSED))
+    assert [x.note.agent_id for x in again] == [f"agent-{n}" for n in range(10)]
+
+
 def test_rejected_and_crashed_are_lost() -> None:
     s = store()
     s.offer(note(1, C), 0.0)
@@ -915,6 +928,24 @@ class StoreMachine(RuleBasedStateMachine):
             self.breaker_moves(CLOSED)
         elif kind in ("failed", "timeout", "crashed"):
             self.breaker_moves(OPEN)
+
+    @rule()
+    def adopt(self) -> None:
+        """The upstream actor restarts: the new one adopts the store, every send out failed."""
+        held_before = {n.key for n in self.store.held()}
+        out = sorted(self.model.out, reverse=True)
+        effects = self.store.adopt(self.now)
+        self.check(effects)
+        assert sends(effects) == [] and self.store.in_flight() == {}
+        for token in out:
+            n, resend = self.model.out.pop(token)
+            if not resend:
+                self.model.failed(n)
+            self.probes.pop(token, None)
+        if self.store.mode is Mode.RUNNING:
+            # Nothing is lost: every fresh send out is held again, every resend waits again.
+            assert counts(effects, LOST) == []
+            assert held_before <= {n.key for n in self.store.held()}
 
     @precondition(lambda self: self.steps >= 20)
     @rule()
