@@ -7,7 +7,9 @@
    UNAVAILABLE with a retry hint, no replay runs, no recovered session is presented again) and
    the upstream actor starts no replay; the held-notification cap is raised by twice the
    sessions held (`RaiseNotifyCap`), so every session's DISCONNECTED fits;
-2. the memory shedder is stopped (nothing resumes the listeners after this), then every agent
+2. the memory shedder and mem_reclaim are stopped (nothing resumes the listeners after this, and
+   no reclaim pass's full collection holds the loop while the owners stop: the process ends
+   after the drain, so memory given back now is of no use), then every agent
    listener is suspended (`Suspend`: the listen socket closes, established connections stay)
    and drained (`Drain`: each connection gets a graceful HTTP/2 GOAWAY, NO_ERROR, whose debug
    data says `draining` and a retry time drawn per connection from the stopping hint's range;
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from actors.agents.api import AGENT_SUP_NAME, OWNERS_TABLE
 from actors.heartbeat.api import NAME as HEARTBEAT_BUFFER
+from actors.memory.api import RECLAIM_NAME as MEM_RECLAIM
 from actors.memory.api import SHEDDER_NAME as MEMORY_SHEDDER
 from actors.node.api import RoutingStopped, StopAdmitting, StopRouting
 from actors.router.api import ROUTER_NAME
@@ -89,6 +92,7 @@ class PlannedStop:
         deadline = loop.time() + budget_s
         self._refuse_new_work()
         await self._terminate(MEMORY_SHEDDER, _ASK_S)
+        await self._terminate(MEM_RECLAIM, _ASK_S)
         await self._suspend_listeners()
         await self._stop_routing(min(ROUTER_GRACE_MAX_S, ROUTER_GRACE_SHARE * budget_s))
         await self._terminate(AGENT_SUP_NAME, min(SESSIONS_MAX_S, SESSIONS_SHARE * budget_s))

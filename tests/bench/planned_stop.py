@@ -5,12 +5,14 @@ load-generator processes (`tests.bench.agents_loadgen`) register, subscribe and 
 heartbeat each against a gateway started as a subprocess (`python -m gateway`) whose upstream is
 the fake server (`gateway.devstack.fake_upstream`, in this process, so each call is recorded
 with its request). The heartbeat buffer's interval is long, so the heartbeats wait for the
-stop's own flush. Then SIGTERM.
+stop's own flush, and mem_reclaim reads the agent count every 100 ms, so a reclaim pass the stop's
+drop could start would show. Then SIGTERM.
 
 Measured: the seconds from SIGTERM to the process's exit and its exit status; the DISCONNECTED
 notices the server accepted (once per session?) and when the last one arrived; whether the
 heartbeat buffer's last flush arrived (every session's heartbeat in a BatchHeartbeat after
-SIGTERM); and the gateway's own lines about the stop (a step late, a failed send).
+SIGTERM); and the gateway's own lines about the stop (a step late, a failed send, a reclaim
+pass).
 
 Targets: every session's DISCONNECTED accepted once, within `shutdown_flush_budget_ms`; the
 heartbeats flushed; exit status 0; no step late.
@@ -50,7 +52,17 @@ EXIT_MARGIN_S = 20.0
 DISCONNECTED = gateway_pb2.StreamStatusNotification.DISCONNECTED
 CONNECTED = gateway_pb2.StreamStatusNotification.CONNECTED
 NOTIFY = "NotifyStreamStatus"
-STOP_LINES = ("did not finish in time", "not retried", "not sent by the", "Planned stop")
+# A mem_reclaim pass's notice: the bench reads the agent count often (RECLAIM_READ_MS), so a
+# pass started by the stop's drop would show.
+RECLAIM_PASS = "gateway memory reclaim: #{pass"
+RECLAIM_READ_MS = 100
+STOP_LINES = (
+    "did not finish in time",
+    "not retried",
+    "not sent by the",
+    "Planned stop",
+    RECLAIM_PASS,
+)
 
 
 @dataclass
@@ -94,6 +106,8 @@ def _config(path: Path, agents: int, fake_port: int, budget_ms: int) -> tuple[in
         "{heartbeat_batch_interval_ms, 100}",
         f"{{heartbeat_batch_interval_ms, {HEARTBEAT_HOLD_MS}}}",
     )
+    reclaim = f"{{mem_reclaim, #{{interval_ms => {RECLAIM_READ_MS}}}}}"
+    text = text.replace("{shutdown_flush_budget_ms,", f"{reclaim}, {{shutdown_flush_budget_ms,", 1)
     path.write_text(text)
     return ports["health"], ports["agent"]
 
