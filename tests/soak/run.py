@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway.devstack.fake_upstream import SESSION_METADATA_KEY as SESSION_KEY
 from tests.bench.common import environment
 from tests.soak import invariants as inv
 from tests.soak import schedule as sched
@@ -31,6 +32,7 @@ POLL_S = 2.0
 # The node's count of held notices replaced by a newer one of the same session.
 COALESCED = "yuzu_gw_upstream_notify_coalesced_total"
 OWNER_RESTARTS = "yuzu_gw_agent_owner_restarts_total"
+REGISTER = "ProxyRegister"
 # A SendCommand racing a router kill may be answered UNAVAILABLE this long after it.
 ROUTER_RESTART_S = 5.0
 
@@ -197,6 +199,7 @@ async def _run(
         abandoned = frozenset().union(*(k.left_connected for k in faults.peer_kills))
         settled, reports = await _settled(stack, abandoned)
         progress(f"settled: {settled}")
+        kept.json("reports.json", reports)
         rss.append(stack.node.rss())
         snapshot = await _snapshot(stack)
         exposition = "".join([await node.metrics() for node in stack.nodes])
@@ -299,7 +302,8 @@ class Kept:
         self.text(name, json.dumps(value, indent=1, default=str))
 
     def stack(self, stack: Stack) -> None:
-        """Each node's log and every notice the server received, in order, one JSON a line."""
+        """Each node's log, and every notice and ProxyRegister the server received, in order, one
+        JSON a line."""
         if self.path is None:
             return
         for node in stack.nodes:
@@ -320,6 +324,19 @@ class Kept:
             for call in stack.fake.calls(NOTIFY)
         ]
         self.text("notices.jsonl", "".join(f"{line}\n" for line in lines))
+        registers = [
+            json.dumps(
+                {
+                    "received_at": call.received_at,
+                    "agent_id": call.request.info.agent_id,
+                    "presented": str(call.metadata.get(SESSION_KEY, "")),
+                    "code": None if call.code is None else call.code.name,
+                    "session_id": "" if call.response is None else call.response.session_id,
+                }
+            )
+            for call in stack.fake.calls(REGISTER)
+        ]
+        self.text("registers.jsonl", "".join(f"{line}\n" for line in registers))
 
 
 def _raise_failed(tasks: list[asyncio.Task[None]]) -> None:

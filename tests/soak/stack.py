@@ -38,6 +38,10 @@ SCRIPT = ROOT / "rel" / "yuzu_gw"
 NOTIFY = "NotifyStreamStatus"
 EVENT = gateway_pb2.StreamStatusNotification.Event
 AGENTS_PER_PROCESS = 500
+# The agents stand for 10,000 other hosts: here they share the node's two cores, and at the
+# lowest priority they take only what the node and the fake server leave (at equal priority
+# 20 agent processes left the node a fifth of a core through the planned stop).
+AGENT_NICE = 19
 BOOT_S = 30.0
 STOP_S = 60.0
 # How long the console may take to greet: a node of 10,000 agents under a reclaim pass's full
@@ -340,6 +344,9 @@ class Stack:
             # Agent first + i dials targets[i % len(targets)].
             targets = [self._target(first + i) for i in range(min(count, len(self.nodes)))]
             proc = await asyncio.create_subprocess_exec(
+                "nice",
+                "-n",
+                str(AGENT_NICE),
                 sys.executable,
                 "-m",
                 "tests.soak.agents",
