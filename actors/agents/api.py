@@ -91,13 +91,16 @@ class StreamHandle:
     so the stream process follows it at once instead of looking for it (docs/owner-recovery.md).
     """
 
-    __slots__ = ("_frames", "_maxsize", "_on_adopt", "_waiter", "ended")
+    __slots__ = ("_frames", "_maxsize", "_on_adopt", "_waiter", "adopted", "ended")
 
     def __init__(self, maxsize: int = STREAM_QUEUE_MAX) -> None:
         self._maxsize = maxsize
         self._frames: collections.deque[agent_pb2.CommandRequest | StreamEnd] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._on_adopt: Callable[[Address], None] | None = None
+        # The last restarted owner that took the session over, kept for a stream process that
+        # was not yet listening when it did.
+        self.adopted: Address | None = None
         self.ended = False
 
     def qsize(self) -> int:
@@ -126,6 +129,7 @@ class StreamHandle:
 
     def adopt(self, owner: Address) -> None:
         """A restarted owner has taken this stream's session over: tell the stream process."""
+        self.adopted = owner
         callback = self._on_adopt
         if callback is not None:
             callback(owner)

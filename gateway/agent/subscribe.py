@@ -293,9 +293,13 @@ class _StreamProcess:
 
     def _watch(self, owner: Address) -> None:
         self.owner = owner
-        self.monitor = self.plane.runtime.monitor_callback(
+        monitor = self.plane.runtime.monitor_callback(
             owner, lambda reason: self._owner_down(owner, reason)
         )
+        if self.owner == owner:
+            # Not when an owner already gone moved the stream on to its restart (noproc runs
+            # `_owner_down` inside the call): that watch is the one kept.
+            self.monitor = monitor
 
     def _unwatch(self) -> None:
         if self.monitor is not None:
@@ -309,6 +313,12 @@ class _StreamProcess:
         if owner != self.owner or self.handle.ended:
             return
         self.monitor = None
+        adopted = self.handle.adopted
+        if adopted is not None and adopted != owner and self.plane.runtime.is_alive(adopted):
+            # Restarted and taken over before this stream first watched the owner (it died
+            # between its start and the stream's run): follow the one that holds the session.
+            self._watch(adopted)
+            return
         if reason.is_normal or reason.kind == "noproc":
             # It ended its session without closing the stream (or was never up).
             self.handle.close(_OWNER_GONE)

@@ -277,3 +277,48 @@ async def test_with_no_restarted_owner_the_stream_ends_unavailable_after_the_wai
     assert MANUAL_REATTACH_WAIT_S - 0.1 <= waited <= MANUAL_REATTACH_WAIT_S + 1.0
     # The agent registers again (docs/owner-recovery.md: "ends the stream UNAVAILABLE").
     assert agent.stream.end == (Status.UNAVAILABLE, OWNER_GONE_DETAILS)
+
+
+@actor_test(timeout=20.0)
+async def test_an_owner_killed_before_the_stream_watches_it_is_followed_to_its_restart(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The owner dies between its start and the stream's first look at it (a mass kill in a
+    reconnect wave), and agent_sup restarts it before the stream runs: the stream follows the
+    restarted owner, which hears the agent leave. Before, the stream took the dead owner for one
+    that was never up, ended the session's stream and left the restarted owner holding it for
+    good (the 10,000-agent soak's stale owners)."""
+    t = tree(h)
+    agent = Agent(t, "s1")
+    await t.register("s1", agent.key)
+    started: list[Address] = []
+
+    async def killed_at_once(runtime: Any, sup: Address, args: OwnerArgs) -> Address:
+        first = await start_child(runtime, sup, args)
+        started.append(first)
+        h.base.kill(first)
+        await h.wait_until(
+            lambda: (row := owner_row(h.base, "s1")) is not None and row.owner != first,
+            what="the restarted owner",
+        )
+        return first
+
+    monkeypatch.setattr(subscribe_module, "start_child", killed_at_once)
+    agent.subscribe()
+    await h.wait_until(lambda: bool(started), what="the first owner")
+    await h.settle()
+    restarted = owner_row(h.base, "s1")
+    assert restarted is not None and restarted.owner != started[0]
+    h.tell(restarted.owner, DisconnectSettled("s1", "delivered"))
+    await h.settle()
+    h.tell(restarted.owner, SessionPresented("s1", True))
+    await h.settle()
+    assert agent.stream.end is None and agent.task is not None and not agent.task.done()
+    # The agent leaves: the restarted owner is told, and ends with the session's DISCONNECTED.
+    agent.stream.reset()
+    with pytest.raises(GRPCError):
+        await agent.task
+    await h.settle()
+    assert not h.alive(restarted.owner)
+    assert owner_row(h.base, "s1") is None
+    assert [n.event for n in t.notes()][-1] is Event.DISCONNECTED
