@@ -36,6 +36,12 @@ REGISTER = "ProxyRegister"
 # A SendCommand racing a router kill may be answered UNAVAILABLE this long after it.
 ROUTER_RESTART_S = 5.0
 
+HEAP_TYPES = 30
+HEAP = """
+import collections, gc
+_heap = collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common()
+"""
+
 SNAPSHOT = """
 from actors.agents.api import OWNERS_TABLE
 from actors.registry.api import AGENTS_TABLE, CONNECTIONS_TABLE, PENDING_TABLE, SESSIONS_INDEX
@@ -101,6 +107,12 @@ async def _settled(
     return ok, last
 
 
+async def _heap(stack: Stack) -> dict[str, Any]:
+    """The first node's objects the collector tracks: how many, and the most common types."""
+    census = await stack.node.eval_json("_heap", HEAP)
+    return {"objects": sum(n for _, n in census), "top": census[:HEAP_TYPES]}
+
+
 async def _snapshot(stack: Stack) -> dict[str, Any]:
     """Every node's tables, merged: owner addresses named by node (they repeat across nodes),
     the registry's counts summed."""
@@ -163,6 +175,7 @@ async def _run(
     progress(f"fleet joined: {joined} in {join_s:.1f} s")
     faults = Faults(stack, plan.seed)
     rss: list[int] = []
+    heap: list[dict[str, Any]] = []
     tasks: list[asyncio.Task[None]] = []
     previous: asyncio.Task[None] | None = None
     # One fault at a time: a fault still running when the next is due (an upstream kill waiting
@@ -188,6 +201,7 @@ async def _run(
                 offset += loop.time() - waited
             if event.cycle == 1 and not rss:
                 rss.append(stack.node.rss())  # after the first cycle
+                heap.append(await _heap(stack))
             cycles = max(cycles, event.cycle + 1)
             progress(f"t={event.at_s + offset:.0f}s {event.kind}")
             previous = loop.create_task(faults.fault(event))
@@ -201,6 +215,7 @@ async def _run(
         progress(f"settled: {settled}")
         kept.json("reports.json", reports)
         rss.append(stack.node.rss())
+        heap.append(await _heap(stack))
         snapshot = await _snapshot(stack)
         exposition = "".join([await node.metrics() for node in stack.nodes])
     finally:
@@ -260,6 +275,8 @@ async def _run(
         },
         "stop": _stop_figures(stack, calls_before_stop, stop_s),
         "rss_bytes": {"first_cycle": rss[0], "last": rss[-1]},
+        # What the collector tracks, by type, where RSS was read: what a growth is made of.
+        "heap": {"first_cycle": heap[0], "last": heap[-1]},
         # False: the run was too short for a second cycle, so RSS was not compared.
         "rss_compared": len(rss) > 1,
         "cycles": cycles,  # begun
