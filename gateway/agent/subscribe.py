@@ -200,7 +200,9 @@ class _StreamProcess:
 
     async def run(self) -> None:
         runtime = self.plane.runtime
-        self._watch(self.owner)
+        # The newest owner: one killed between its start and now may have been restarted and
+        # taken the session over already, before anything listened for its word.
+        self._watch(self.handle.adopted or self.owner)
         self.handle.on_adopt(self._adopted)
         connection = current_call().connection
         connection.on_sent_away(self._sent_away)
@@ -293,13 +295,9 @@ class _StreamProcess:
 
     def _watch(self, owner: Address) -> None:
         self.owner = owner
-        monitor = self.plane.runtime.monitor_callback(
+        self.monitor = self.plane.runtime.monitor_callback(
             owner, lambda reason: self._owner_down(owner, reason)
         )
-        if self.owner == owner:
-            # Not when an owner already gone moved the stream on to its restart (noproc runs
-            # `_owner_down` inside the call): that watch is the one kept.
-            self.monitor = monitor
 
     def _unwatch(self) -> None:
         if self.monitor is not None:
@@ -313,12 +311,6 @@ class _StreamProcess:
         if owner != self.owner or self.handle.ended:
             return
         self.monitor = None
-        adopted = self.handle.adopted
-        if adopted is not None and adopted != owner and self.plane.runtime.is_alive(adopted):
-            # Restarted and taken over before this stream first watched the owner (it died
-            # between its start and the stream's run): follow the one that holds the session.
-            self._watch(adopted)
-            return
         if reason.is_normal or reason.kind == "noproc":
             # It ended its session without closing the stream (or was never up).
             self.handle.close(_OWNER_GONE)
